@@ -1,0 +1,103 @@
+//! How a [`super::RedeliveryConsumer`] is configured.
+
+use std::time::Duration;
+
+/// Settings of a consumer that acknowledges records one by one.
+///
+/// ```
+/// use std::time::Duration;
+/// use kafka_redelivery::client::ConsumerConfig;
+/// let config = ConsumerConfig::new("localhost:9092", "billing", ["orders"], "orders.markers")
+///     .timeout(Duration::from_secs(60))
+///     .max_unsettled(500)
+///     .set("session.timeout.ms", "10000");
+/// assert_eq!(config.max_unsettled, 500);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ConsumerConfig {
+    /// Kafka bootstrap servers.
+    pub brokers: String,
+    /// The consumer group of the source topics.
+    pub group_id: String,
+    /// Source topics to consume.
+    pub topics: Vec<String>,
+    /// Where Start, KeepAlive and End markers go; the tracker consumes it.
+    pub markers_topic: String,
+    /// How long a delivery may stay unsettled before it is redelivered, unless the record's
+    /// `kr-timeout-ms` header says otherwise or the application keeps it alive.
+    pub default_timeout: Duration,
+    /// Most deliveries handed out and not yet settled. At the bound, fetching pauses: memory
+    /// stays bounded however slow the application is.
+    pub max_unsettled: usize,
+    /// Most records per poll batch (one batch of Start markers, one commit).
+    pub max_batch: usize,
+    /// Whether every delivery keeps itself alive while its handle lives (see
+    /// [`super::Delivery::auto_keep_alive`]).
+    pub auto_keep_alive: bool,
+    /// Extra librdkafka settings, applied last to both the consumer and the markers producer.
+    pub rdkafka: Vec<(String, String)>,
+}
+
+impl ConsumerConfig {
+    /// A configuration with defaults: 30 s timeout, 1000 unsettled, batches of 500.
+    pub fn new<T: Into<String>>(
+        brokers: impl Into<String>,
+        group_id: impl Into<String>,
+        topics: impl IntoIterator<Item = T>,
+        markers_topic: impl Into<String>,
+    ) -> Self {
+        ConsumerConfig {
+            brokers: brokers.into(),
+            group_id: group_id.into(),
+            topics: topics.into_iter().map(Into::into).collect(),
+            markers_topic: markers_topic.into(),
+            default_timeout: Duration::from_secs(30),
+            max_unsettled: 1_000,
+            max_batch: 500,
+            auto_keep_alive: false,
+            rdkafka: Vec::new(),
+        }
+    }
+
+    /// Sets the default delivery timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.default_timeout = timeout;
+        self
+    }
+
+    /// Sets the bound on unsettled deliveries (at least 1).
+    pub fn max_unsettled(mut self, n: usize) -> Self {
+        self.max_unsettled = n.max(1);
+        self
+    }
+
+    /// Sets the largest poll batch (at least 1).
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+
+    /// Turns automatic keep-alive on or off for every delivery.
+    pub fn auto_keep_alive(mut self, on: bool) -> Self {
+        self.auto_keep_alive = on;
+        self
+    }
+
+    /// Adds a librdkafka setting.
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.rdkafka.push((key.into(), value.into()));
+        self
+    }
+
+    pub(crate) fn client_config(&self, own: &[(&str, &str)]) -> rdkafka::ClientConfig {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        for (k, v) in own {
+            c.set(*k, *v);
+        }
+        for (k, v) in &self.rdkafka {
+            c.set(k, v);
+        }
+        c
+    }
+}

@@ -1,0 +1,212 @@
+//! A record handed to the application, to be settled exactly once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::headers::HeaderList;
+use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
+
+use super::error::ClientError;
+use super::settler::Settler;
+
+/// One delivery of one record. Settle it with [`ack`](Self::ack), [`nack`](Self::nack) or
+/// [`reject`](Self::reject); keep it with [`keep_alive`](Self::keep_alive) while working.
+///
+/// Dropping a delivery without settling it releases it: the client writes a Nack with no delay,
+/// and the tracker redelivers the record at once. Even if that Nack is lost, the record is
+/// redelivered when its timeout passes. Nothing handed out is ever silently lost.
+pub struct Delivery {
+    pub(crate) source: SourceRef,
+    pub(crate) key: Option<Vec<u8>>,
+    pub(crate) payload: Option<Vec<u8>>,
+    pub(crate) headers: HeaderList,
+    pub(crate) timestamp_ms: Option<i64>,
+    pub(crate) attempt: u32,
+    pub(crate) original: Option<SourceRef>,
+    pub(crate) timeout: Duration,
+    pub(crate) settler: Arc<Settler>,
+    pub(crate) settled: bool,
+    pub(crate) keep_alive: Option<tokio::task::AbortHandle>,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("source", &self.source)
+            .field("attempt", &self.attempt)
+            .field("original", &self.original)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delivery {
+    /// Topic the record was read from.
+    pub fn topic(&self) -> &str {
+        &self.source.topic
+    }
+
+    /// Partition the record was read from.
+    pub fn partition(&self) -> i32 {
+        self.source.partition
+    }
+
+    /// Offset of the record.
+    pub fn offset(&self) -> i64 {
+        self.source.offset
+    }
+
+    /// Where this record was read from.
+    pub fn source(&self) -> &SourceRef {
+        &self.source
+    }
+
+    /// The record key.
+    pub fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+
+    /// The record value.
+    pub fn payload(&self) -> Option<&[u8]> {
+        self.payload.as_deref()
+    }
+
+    /// The record headers, including the `kr-*` headers of a redelivered copy.
+    pub fn headers(&self) -> &HeaderList {
+        &self.headers
+    }
+
+    /// The record timestamp in milliseconds since the epoch, if it has one.
+    pub fn timestamp_ms(&self) -> Option<i64> {
+        self.timestamp_ms
+    }
+
+    /// Which delivery of the record this is: 1 the first time, then 2, 3, ...
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// For a redelivered copy, where the first delivery of this record was read from; `None`
+    /// for an original record. Stable across redeliveries, so it can key deduplication.
+    pub fn original(&self) -> Option<&SourceRef> {
+        self.original.as_ref()
+    }
+
+    /// The time this delivery has before it is redelivered, from its Start or last keep-alive.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Acknowledges the record: it will not be redelivered. Returns once the End marker is
+    /// durable. On error the record may be redelivered after its timeout.
+    pub async fn ack(mut self) -> Result<(), ClientError> {
+        self.settle(
+            Marker::End {
+                source: self.source.clone(),
+            },
+            "end",
+        )
+        .await
+    }
+
+    /// Gives the record back, to be redelivered after `delay` (zero: as soon as possible). The
+    /// redelivery counts as an attempt.
+    pub async fn nack(mut self, delay: Duration) -> Result<(), ClientError> {
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.settle(
+            Marker::Nack {
+                source: self.source.clone(),
+                delay_ms,
+            },
+            "nack",
+        )
+        .await
+    }
+
+    /// Refuses the record: the tracker sends it to the dead-letter topic now, with `reason` in
+    /// its `kr-dlq-detail` header.
+    pub async fn reject(mut self, reason: impl Into<String>) -> Result<(), ClientError> {
+        self.settle(
+            Marker::Reject {
+                source: self.source.clone(),
+                reason: reason.into(),
+            },
+            "reject",
+        )
+        .await
+    }
+
+    /// Pushes the deadline out by this delivery's timeout, counted from now.
+    pub async fn keep_alive(&self) -> Result<(), ClientError> {
+        self.keep_alive_for(self.timeout).await
+    }
+
+    /// Pushes the deadline out to `timeout` from now. Later keep-alives use this timeout too
+    /// only if given it again; [`keep_alive`](Self::keep_alive) uses the delivery's timeout.
+    pub async fn keep_alive_for(&self, timeout: Duration) -> Result<(), ClientError> {
+        let marker = Marker::KeepAlive {
+            source: self.source.clone(),
+            timeout_ms: duration_to_ms_u32(timeout),
+        };
+        self.settler.write(&marker, "keep_alive").await
+    }
+
+    /// Keeps this delivery alive in the background (a KeepAlive every third of its timeout)
+    /// until it is settled or dropped. Needs a Tokio runtime; without one it does nothing.
+    pub fn auto_keep_alive(&mut self) {
+        if self.keep_alive.is_some() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(source = %self.source, "auto keep-alive needs a Tokio runtime; not started");
+            return;
+        };
+        let settler = self.settler.clone();
+        let marker = Marker::KeepAlive {
+            source: self.source.clone(),
+            timeout_ms: duration_to_ms_u32(self.timeout),
+        };
+        let every = (self.timeout / 3).max(Duration::from_millis(10));
+        let task = rt.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = settler.write(&marker, "keep_alive").await {
+                    tracing::warn!(error = %e, "automatic keep-alive failed; will try again");
+                }
+            }
+        });
+        self.keep_alive = Some(task.abort_handle());
+    }
+
+    async fn settle(&mut self, marker: Marker, name: &'static str) -> Result<(), ClientError> {
+        self.finish();
+        self.settler.write(&marker, name).await
+    }
+
+    /// Marks the delivery settled: stops keep-alives and frees its place under the bound.
+    fn finish(&mut self) {
+        if let Some(task) = self.keep_alive.take() {
+            task.abort();
+        }
+        if !self.settled {
+            self.settled = true;
+            self.settler.settled();
+        }
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        tracing::debug!(source = %self.source, "delivery dropped unsettled; releasing it for redelivery");
+        self.settler.write_detached(Marker::Nack {
+            source: self.source.clone(),
+            delay_ms: 0,
+        });
+        self.finish();
+    }
+}

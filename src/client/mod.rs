@@ -1,0 +1,164 @@
+//! The client library: a Kafka consumer whose records are acknowledged one by one.
+//!
+//! [`RedeliveryConsumer`] polls the source topics on a background thread, writes a Start marker
+//! for each record, commits only what those markers cover, and hands each record out as a
+//! [`Delivery`] to settle. See `poller` for the protocol steps and ARCHITECTURE.md for why
+//! nothing is lost.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+//!
+//! # async fn work() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = ConsumerConfig::new("localhost:9092", "billing", ["orders"], "orders.markers");
+//! let mut consumer = RedeliveryConsumer::new(config)?;
+//! while let Some(delivery) = consumer.recv().await {
+//!     match delivery.payload() {
+//!         Some(b"poison") => delivery.reject("cannot parse").await?,
+//!         Some(_) if delivery.attempt() < 3 => delivery.nack(Duration::from_secs(1)).await?,
+//!         _ => delivery.ack().await?,
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+
+mod config;
+mod delivery;
+mod error;
+mod poller;
+mod settler;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
+use tokio::sync::mpsc;
+
+pub use config::ConsumerConfig;
+pub use delivery::Delivery;
+pub use error::ClientError;
+
+use poller::Poller;
+use settler::Settler;
+
+/// A consumer that hands out records as [`Delivery`] handles and guarantees, with a running
+/// tracker, that each record is acked, dead-lettered, or redelivered.
+pub struct RedeliveryConsumer {
+    deliveries: mpsc::Receiver<Delivery>,
+    settler: Arc<Settler>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RedeliveryConsumer {
+    /// Connects, checks the markers topic, subscribes and starts polling.
+    pub fn new(config: ConsumerConfig) -> Result<Self, ClientError> {
+        let consumer: BaseConsumer = config
+            .client_config(&[
+                ("group.id", &config.group_id),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("auto.offset.reset", "earliest"),
+            ])
+            .create()
+            .map_err(kafka("creating the consumer"))?;
+        let partitions = markers_partitions(&consumer, &config.markers_topic)?;
+        let producer: FutureProducer = config
+            .client_config(&crate::kafka::DURABLE_PRODUCER)
+            .create()
+            .map_err(kafka("creating the markers producer"))?;
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics).map_err(kafka("subscribing"))?;
+
+        let settler = Arc::new(Settler::new(
+            producer,
+            config.markers_topic.clone(),
+            partitions,
+        ));
+        let (tx, rx) = mpsc::channel(config.max_unsettled.max(1));
+        let stop = Arc::new(AtomicBool::new(false));
+        let poller = Poller {
+            consumer,
+            settler: settler.clone(),
+            config,
+            out: tx,
+            stop: stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("redelivery-poll".into())
+            .spawn(move || poller.run())
+            .map_err(ClientError::Thread)?;
+        Ok(RedeliveryConsumer {
+            deliveries: rx,
+            settler,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The next delivery, or `None` once the consumer has stopped.
+    pub async fn recv(&mut self) -> Option<Delivery> {
+        self.deliveries.recv().await
+    }
+
+    /// The next delivery if one arrives within `timeout`.
+    pub async fn recv_timeout(&mut self, timeout: Duration) -> Option<Delivery> {
+        tokio::time::timeout(timeout, self.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Deliveries handed out and not yet settled.
+    pub fn unsettled(&self) -> usize {
+        self.settler.unsettled()
+    }
+
+    /// Stops polling and waits for the poll thread. Deliveries already handed out can still be
+    /// settled; deliveries waiting in the channel are released for redelivery.
+    pub async fn close(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.deliveries.close();
+        while self.deliveries.try_recv().is_ok() {}
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+impl Drop for RedeliveryConsumer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn kafka(what: &'static str) -> impl FnOnce(rdkafka::error::KafkaError) -> ClientError {
+    move |source| ClientError::Kafka { what, source }
+}
+
+/// The partition count of the markers topic, which fixes where each source's markers go.
+fn markers_partitions(consumer: &BaseConsumer, topic: &str) -> Result<i32, ClientError> {
+    let unusable = |why: String| ClientError::MarkersTopic {
+        topic: topic.to_string(),
+        why,
+    };
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .map_err(|e| unusable(format!("metadata request failed: {e}")))?;
+    let t = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .ok_or_else(|| unusable("not in the metadata".into()))?;
+    if let Some(e) = t.error() {
+        return Err(unusable(format!(
+            "broker says {e:?}; create it with `redelivery-tracker topics create`"
+        )));
+    }
+    match t.partitions().len() {
+        0 => Err(unusable("it has no partitions".into())),
+        n => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
+    }
+}

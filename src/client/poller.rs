@@ -1,0 +1,264 @@
+//! The poll thread: the client side of the protocol.
+//!
+//! For each batch it polls, in this order and no other:
+//! 1. queue a Start marker for every record (idempotent producer, `acks=all`);
+//! 2. wait until every Start is acknowledged;
+//! 3. commit, per source partition, only up to the first record whose Start failed, and seek
+//!    back to that record so it is polled again;
+//! 4. hand the records with durable Starts to the application.
+//!
+//! So a source offset is never committed before its Start is durable. A crash before step 3
+//! re-polls the batch (duplicate Starts, which the tracker absorbs); a crash after it leaves the
+//! Starts in the markers topic, and the tracker redelivers after the timeout.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::executor::block_on;
+use futures::future::join_all;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use crate::headers::{self, HeaderList};
+use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
+use crate::tracker::copy::original_of;
+
+use super::config::ConsumerConfig;
+use super::delivery::Delivery;
+use super::settler::Settler;
+
+/// A polled record, owned, with what the Start marker needs.
+struct Polled {
+    message: OwnedMessage,
+    headers: HeaderList,
+    attempt: u32,
+    timeout: Duration,
+}
+
+pub(crate) struct Poller {
+    pub(crate) consumer: BaseConsumer,
+    pub(crate) settler: Arc<Settler>,
+    pub(crate) config: ConsumerConfig,
+    pub(crate) out: mpsc::Sender<Delivery>,
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+impl Poller {
+    pub(crate) fn run(self) {
+        let mut paused = false;
+        let mut backoff = Duration::from_millis(50);
+        while !self.stop.load(Ordering::Relaxed) && !self.out.is_closed() {
+            let room = self
+                .config
+                .max_unsettled
+                .saturating_sub(self.settler.unsettled());
+            if (room == 0) != paused {
+                paused = self.set_paused(room == 0);
+            }
+            let limit = if paused {
+                1
+            } else {
+                room.min(self.config.max_batch)
+            };
+            let wait = if paused {
+                Duration::from_millis(10)
+            } else {
+                Duration::from_millis(100)
+            };
+            let batch = self.poll_batch(limit, wait);
+            if batch.is_empty() {
+                continue;
+            }
+            if self.process(batch) {
+                backoff = Duration::from_millis(50);
+            } else {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+        tracing::debug!("poll thread stopped");
+    }
+
+    /// Pauses or resumes every assigned partition; returns the new paused state. Pausing is how
+    /// back-pressure reaches the broker: nothing is fetched, nothing piles up in memory.
+    fn set_paused(&self, pause: bool) -> bool {
+        let Ok(assignment) = self.consumer.assignment() else {
+            return !pause;
+        };
+        let result = if pause {
+            self.consumer.pause(&assignment)
+        } else {
+            self.consumer.resume(&assignment)
+        };
+        match result {
+            Ok(()) => pause,
+            Err(e) => {
+                tracing::warn!(error = %e, pause, "could not pause/resume fetching");
+                !pause
+            }
+        }
+    }
+
+    fn poll_batch(&self, limit: usize, wait: Duration) -> Vec<Polled> {
+        let mut batch = Vec::new();
+        let mut timeout = wait;
+        while batch.len() < limit {
+            match self.consumer.poll(timeout) {
+                None => break,
+                Some(Ok(m)) => batch.push(self.polled(m.detach())),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "consumer error");
+                    break;
+                }
+            }
+            timeout = Duration::ZERO;
+        }
+        batch
+    }
+
+    fn polled(&self, message: OwnedMessage) -> Polled {
+        let headers = headers::from_kafka(message.headers());
+        let attempt = headers::text(&headers, headers::ATTEMPT)
+            .and_then(|a| a.parse().ok())
+            .filter(|&a| a >= 1)
+            .unwrap_or(1);
+        let timeout = headers::text(&headers, headers::TIMEOUT_MS)
+            .and_then(|t| t.parse().ok())
+            .map_or(self.config.default_timeout, Duration::from_millis);
+        Polled {
+            message,
+            headers,
+            attempt,
+            timeout,
+        }
+    }
+
+    /// Runs steps 1–4 for one batch. Returns false if some Start failed.
+    fn process(&self, batch: Vec<Polled>) -> bool {
+        let futures: Vec<_> = batch
+            .iter()
+            .map(|p| {
+                let marker = Marker::Start {
+                    source: source_of(&p.message),
+                    timeout_ms: duration_to_ms_u32(p.timeout),
+                    attempt: p.attempt,
+                };
+                self.settler.send(&marker)
+            })
+            .collect();
+        let durable: Vec<bool> = block_on(join_all(futures.into_iter().map(|f| async move {
+            match f {
+                Ok(f) => matches!(f.await, Ok(Ok(_))),
+                Err(_) => false,
+            }
+        })));
+        let (handed, failed) = split_at_first_failure(batch, durable);
+        for (topic, partition, offset) in &failed {
+            tracing::warn!(
+                topic,
+                partition,
+                offset,
+                "Start marker not durable; not committing past it and polling it again"
+            );
+            if let Err(e) = self.consumer.seek(
+                topic,
+                *partition,
+                Offset::Offset(*offset),
+                Duration::from_secs(5),
+            ) {
+                tracing::warn!(error = %e, topic, partition, "seek back failed; the record will be re-read after the next rebalance");
+            }
+        }
+        self.commit(&handed);
+        for p in handed {
+            self.settler.handed_out();
+            let delivery = self.delivery(p);
+            if self.out.blocking_send(delivery).is_err() {
+                // The application dropped the consumer; the delivery's Drop releases it.
+                break;
+            }
+        }
+        failed.is_empty()
+    }
+
+    fn commit(&self, handed: &[Polled]) {
+        let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+        for p in handed {
+            let e = next
+                .entry((p.message.topic(), p.message.partition()))
+                .or_insert(0);
+            *e = (*e).max(p.message.offset() + 1);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offset) in next {
+            let _ = tpl.add_partition_offset(topic, partition, Offset::Offset(offset));
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+            // The Starts are durable, so handing over is still safe: at worst the batch is
+            // polled again after a rebalance and delivered twice.
+            tracing::warn!(error = %e, "commit of source offsets failed");
+        }
+    }
+
+    fn delivery(&self, p: Polled) -> Delivery {
+        let source = source_of(&p.message);
+        let original = original_of(&p.headers);
+        let mut d = Delivery {
+            timestamp_ms: p.message.timestamp().to_millis(),
+            key: p.message.key().map(<[u8]>::to_vec),
+            payload: p.message.payload().map(<[u8]>::to_vec),
+            headers: p.headers,
+            source,
+            attempt: p.attempt,
+            original,
+            timeout: p.timeout,
+            settler: self.settler.clone(),
+            settled: false,
+            keep_alive: None,
+        };
+        if self.config.auto_keep_alive {
+            d.auto_keep_alive();
+        }
+        d
+    }
+}
+
+fn source_of(m: &OwnedMessage) -> SourceRef {
+    SourceRef::new(m.topic(), m.partition(), m.offset())
+}
+
+/// Splits a batch into the records that may be handed over (in each source partition, those
+/// before the first failed Start) and, per partition, the offset of that first failure.
+fn split_at_first_failure(
+    batch: Vec<Polled>,
+    durable: Vec<bool>,
+) -> (Vec<Polled>, Vec<(String, i32, i64)>) {
+    let mut first_failure: BTreeMap<(String, i32), i64> = BTreeMap::new();
+    for (p, ok) in batch.iter().zip(&durable) {
+        if !ok {
+            let key = (p.message.topic().to_string(), p.message.partition());
+            let e = first_failure.entry(key).or_insert(i64::MAX);
+            *e = (*e).min(p.message.offset());
+        }
+    }
+    let handed = batch
+        .into_iter()
+        .filter(|p| {
+            first_failure
+                .get(&(p.message.topic().to_string(), p.message.partition()))
+                .is_none_or(|&f| p.message.offset() < f)
+        })
+        .collect();
+    let failed = first_failure
+        .into_iter()
+        .map(|((t, p), o)| (t, p, o))
+        .collect();
+    (handed, failed)
+}

@@ -1,0 +1,73 @@
+//! Header names the tracker puts on redelivered and dead-lettered copies, and the client reads.
+//!
+//! They are part of the public contract: applications and operators read them, so they never
+//! change meaning. Values are UTF-8 decimal numbers or text.
+
+/// Delivery attempt of this copy: "2" on the first redelivery. Absent on an original record,
+/// which is attempt 1.
+pub const ATTEMPT: &str = "kr-attempt";
+/// Topic of the original record this copy stands for.
+pub const ORIGINAL_TOPIC: &str = "kr-original-topic";
+/// Partition of the original record.
+pub const ORIGINAL_PARTITION: &str = "kr-original-partition";
+/// Offset of the original record.
+pub const ORIGINAL_OFFSET: &str = "kr-original-offset";
+/// On a dead-lettered copy: why (`rejected`, `max-deliveries`, `source-unreadable`).
+pub const DLQ_REASON: &str = "kr-dlq-reason";
+/// On a dead-lettered copy: detail in words (the reject reason, the read error, ...).
+pub const DLQ_DETAIL: &str = "kr-dlq-detail";
+/// On a dead-lettered copy: the topic, partition and offset it was read from, as
+/// `topic/partition@offset`; for a redelivered copy this differs from the original.
+pub const DLQ_SOURCE: &str = "kr-dlq-source";
+/// Optional, set by a producer: this record's delivery timeout in milliseconds, overriding the
+/// consumer's default.
+pub const TIMEOUT_MS: &str = "kr-timeout-ms";
+
+/// Whether the tracker writes this header, so a copy of a copy replaces it rather than
+/// repeating it. [`TIMEOUT_MS`] belongs to the producer and is kept.
+pub fn written_by_tracker(name: &str) -> bool {
+    [
+        ATTEMPT,
+        ORIGINAL_TOPIC,
+        ORIGINAL_PARTITION,
+        ORIGINAL_OFFSET,
+        DLQ_REASON,
+        DLQ_DETAIL,
+        DLQ_SOURCE,
+    ]
+    .contains(&name)
+}
+
+/// Record headers as plain owned pairs, in order. A header may have no value.
+pub type HeaderList = Vec<(String, Option<Vec<u8>>)>;
+
+/// Copies librdkafka headers into a [`HeaderList`].
+pub fn from_kafka<H: rdkafka::message::Headers>(headers: Option<&H>) -> HeaderList {
+    headers.map_or_else(Vec::new, |h| {
+        h.iter()
+            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+            .collect()
+    })
+}
+
+/// Builds librdkafka headers from a [`HeaderList`].
+pub fn to_kafka(headers: &HeaderList) -> rdkafka::message::OwnedHeaders {
+    headers.iter().fold(
+        rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()),
+        |acc, (key, value)| {
+            acc.insert(rdkafka::message::Header {
+                key,
+                value: value.as_deref(),
+            })
+        },
+    )
+}
+
+/// The value of the last header named `name`, as UTF-8 text.
+pub fn text<'a>(headers: &'a HeaderList, name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| std::str::from_utf8(v.as_deref()?).ok())
+}

@@ -1,0 +1,24 @@
+//! Individual message acknowledgement and timeout redelivery on top of plain Kafka.
+//!
+//! # Layout
+//!
+//! - [`marker`]: the marker format written to the markers topic. Pure encode/decode, no I/O;
+//!   specified byte by byte in `docs/markers.md`.
+//! - [`client`]: the library a consumer links in. Hands records out as [`client::Delivery`]
+//!   handles to ack, nack, reject or keep alive, and writes their markers.
+//! - [`tracker`]: the RedeliveryTracker. A pure per-partition state ([`tracker::state`]) driven
+//!   by a markers consumer thread and a redelivery worker thread.
+//! - [`headers`]: the `kr-*` headers on redelivered and dead-lettered copies.
+//! - `cli` (feature `cli`): the `redelivery-tracker` binary's commands, admin server and demo.
+//!
+//! ARCHITECTURE.md explains how the parts fit and which invariants keep every message safe.
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod headers;
+mod kafka;
+pub mod marker;
+pub mod tracker;
+
+#[cfg(feature = "cli")]
+pub mod cli;

@@ -1,0 +1,186 @@
+//! Bytes to marker. Total: any input gives a marker or a typed error.
+
+use super::{Marker, MarkerType, SourceRef, VERSION};
+
+/// Why a byte string is not a marker this version understands.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The record had a value of zero bytes.
+    #[error("empty marker")]
+    Empty,
+    /// The first byte names a format version this build does not know.
+    #[error("unknown marker version {0}")]
+    UnknownVersion(u8),
+    /// The type byte names a marker type this build does not know.
+    #[error("unknown marker type 0x{0:02x}")]
+    UnknownType(u8),
+    /// The bytes ended inside a field.
+    #[error("marker truncated in field `{0}`")]
+    Truncated(&'static str),
+    /// A text field is not UTF-8.
+    #[error("field `{0}` is not valid UTF-8")]
+    InvalidUtf8(&'static str),
+    /// A field holds a value no real marker can have.
+    #[error("field `{field}` has invalid value {value}")]
+    InvalidValue {
+        /// Name of the field.
+        field: &'static str,
+        /// The value found, as text.
+        value: String,
+    },
+    /// Bytes remain after the last field of a known type.
+    #[error("{0} unexpected bytes after the marker")]
+    TrailingBytes(usize),
+}
+
+impl DecodeError {
+    /// Short stable name for metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DecodeError::Empty => "empty",
+            DecodeError::UnknownVersion(_) => "unknown_version",
+            DecodeError::UnknownType(_) => "unknown_type",
+            DecodeError::Truncated(_) => "truncated",
+            DecodeError::InvalidUtf8(_) => "invalid_utf8",
+            DecodeError::InvalidValue { .. } => "invalid_value",
+            DecodeError::TrailingBytes(_) => "trailing_bytes",
+        }
+    }
+}
+
+/// Decodes one marker from a record value.
+///
+/// ```
+/// use kafka_redelivery::marker::{decode, DecodeError};
+/// assert_eq!(decode(&[9, 1]), Err(DecodeError::UnknownVersion(9)));
+/// ```
+pub fn decode(bytes: &[u8]) -> Result<Marker, DecodeError> {
+    let mut r = Reader { bytes, pos: 0 };
+    let version = r.u8("version").map_err(|_| DecodeError::Empty)?;
+    if version != VERSION {
+        return Err(DecodeError::UnknownVersion(version));
+    }
+    let type_byte = r.u8("type")?;
+    let kind = MarkerType::from_byte(type_byte).ok_or(DecodeError::UnknownType(type_byte))?;
+    let marker = match kind {
+        MarkerType::Start => {
+            let source = r.source()?;
+            let timeout_ms = r.u32("timeout_ms")?;
+            let attempt = r.u32("attempt")?;
+            if attempt == 0 {
+                return Err(invalid("attempt", attempt));
+            }
+            Marker::Start {
+                source,
+                timeout_ms,
+                attempt,
+            }
+        }
+        MarkerType::KeepAlive => Marker::KeepAlive {
+            source: r.source()?,
+            timeout_ms: r.u32("timeout_ms")?,
+        },
+        MarkerType::End => Marker::End {
+            source: r.source()?,
+        },
+        MarkerType::Nack => Marker::Nack {
+            source: r.source()?,
+            delay_ms: r.u64("delay_ms")?,
+        },
+        MarkerType::Reject => Marker::Reject {
+            source: r.source()?,
+            reason: r.string("reason")?,
+        },
+        MarkerType::Tick => Marker::Tick {
+            nonce: r.u64("nonce")?,
+        },
+    };
+    match bytes.len() - r.pos {
+        0 => Ok(marker),
+        extra => Err(DecodeError::TrailingBytes(extra)),
+    }
+}
+
+fn invalid(field: &'static str, value: impl ToString) -> DecodeError {
+    DecodeError::InvalidValue {
+        field,
+        value: value.to_string(),
+    }
+}
+
+/// A cursor over the input that never indexes out of bounds.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.bytes.len())
+            .ok_or(DecodeError::Truncated(field))?;
+        let slice = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(slice)
+    }
+
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], DecodeError> {
+        let mut out = [0u8; N];
+        out.copy_from_slice(self.take(N, field)?);
+        Ok(out)
+    }
+
+    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.array::<1>(field)?[0])
+    }
+
+    fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
+        self.array(field).map(u16::from_be_bytes)
+    }
+
+    fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
+        self.array(field).map(u32::from_be_bytes)
+    }
+
+    fn i32(&mut self, field: &'static str) -> Result<i32, DecodeError> {
+        self.array(field).map(i32::from_be_bytes)
+    }
+
+    fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+        self.array(field).map(u64::from_be_bytes)
+    }
+
+    fn i64(&mut self, field: &'static str) -> Result<i64, DecodeError> {
+        self.array(field).map(i64::from_be_bytes)
+    }
+
+    fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
+        let len = self.u16(field)? as usize;
+        let raw = self.take(len, field)?;
+        std::str::from_utf8(raw)
+            .map(str::to_owned)
+            .map_err(|_| DecodeError::InvalidUtf8(field))
+    }
+
+    fn source(&mut self) -> Result<SourceRef, DecodeError> {
+        let topic = self.string("topic")?;
+        if topic.is_empty() {
+            return Err(invalid("topic", "\"\""));
+        }
+        let partition = self.i32("partition")?;
+        if partition < 0 {
+            return Err(invalid("partition", partition));
+        }
+        let offset = self.i64("offset")?;
+        if offset < 0 {
+            return Err(invalid("offset", offset));
+        }
+        Ok(SourceRef {
+            topic,
+            partition,
+            offset,
+        })
+    }
+}

@@ -1,0 +1,186 @@
+//! The marker format: what the client library and the tracker write to the markers topic.
+//!
+//! This module does no I/O. It turns [`Marker`] values into bytes and back, and picks the
+//! markers partition for a source partition. The byte layout is specified, with test vectors, in
+//! `docs/markers.md`; the tests in this module check those vectors.
+//!
+//! The decoder is total: every byte string gives either a marker or a [`DecodeError`], never a
+//! panic. An unknown version or type is an error the tracker counts and skips, which is how
+//! older trackers survive markers from newer clients.
+
+mod decode;
+mod encode;
+mod partition;
+
+pub use decode::{decode, DecodeError};
+pub use encode::encode;
+pub use partition::markers_partition;
+
+/// The only version this crate writes. A decoder that meets another version reports
+/// [`DecodeError::UnknownVersion`].
+pub const VERSION: u8 = 1;
+
+/// Longest reject reason kept on the wire, in bytes. Longer reasons are cut at a character
+/// boundary when encoded, so a marker can never grow past what a markers topic accepts.
+pub const MAX_REASON_BYTES: usize = 4096;
+
+/// Where a record lives: its topic, partition and offset.
+///
+/// Markers name the record they are about by these coordinates, and the tracker keys its state
+/// by them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceRef {
+    /// Topic of the record.
+    pub topic: String,
+    /// Partition of the record.
+    pub partition: i32,
+    /// Offset of the record in its partition.
+    pub offset: i64,
+}
+
+impl SourceRef {
+    /// Builds a reference from its three coordinates.
+    pub fn new(topic: impl Into<String>, partition: i32, offset: i64) -> Self {
+        SourceRef {
+            topic: topic.into(),
+            partition,
+            offset,
+        }
+    }
+}
+
+impl std::fmt::Display for SourceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}@{}", self.topic, self.partition, self.offset)
+    }
+}
+
+/// One marker on the markers topic.
+///
+/// Every delivery marker names its source record. `Tick` is the tracker's own clock probe: it
+/// names no record and only tells the tracker the broker's current time (see ARCHITECTURE.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marker {
+    /// A delivery began: the record was handed to a consumer. Its deadline is the marker's
+    /// timestamp plus `timeout_ms`.
+    Start {
+        /// The record being delivered.
+        source: SourceRef,
+        /// How long the consumer has before the record is redelivered, in milliseconds.
+        timeout_ms: u32,
+        /// Which delivery this is: 1 for the first, 2 for the first redelivery, and so on.
+        attempt: u32,
+    },
+    /// The consumer is still working: the deadline becomes this marker's timestamp plus
+    /// `timeout_ms`.
+    KeepAlive {
+        /// The record being delivered.
+        source: SourceRef,
+        /// New time allowance from this marker on, in milliseconds.
+        timeout_ms: u32,
+    },
+    /// The delivery is settled (acked, or redelivered by the tracker): forget it.
+    End {
+        /// The settled record.
+        source: SourceRef,
+    },
+    /// The consumer gives the record back: redeliver it after `delay_ms`.
+    Nack {
+        /// The record given back.
+        source: SourceRef,
+        /// How long to wait before redelivering, in milliseconds. Zero means now.
+        delay_ms: u64,
+    },
+    /// The consumer refuses the record: send it to the dead-letter topic now.
+    Reject {
+        /// The refused record.
+        source: SourceRef,
+        /// Why, in the application's words; copied into the dead-letter headers.
+        reason: String,
+    },
+    /// A tracker's clock probe. `nonce` lets the tracker that wrote it recognise it.
+    Tick {
+        /// Random value chosen by the writing tracker.
+        nonce: u64,
+    },
+}
+
+/// The type byte of each marker, as written on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum MarkerType {
+    /// [`Marker::Start`]
+    Start = 0x01,
+    /// [`Marker::KeepAlive`]
+    KeepAlive = 0x02,
+    /// [`Marker::End`]
+    End = 0x03,
+    /// [`Marker::Nack`]
+    Nack = 0x04,
+    /// [`Marker::Reject`]
+    Reject = 0x05,
+    /// [`Marker::Tick`]
+    Tick = 0x10,
+}
+
+impl MarkerType {
+    /// The type for a wire byte, if it is one this version knows.
+    pub fn from_byte(byte: u8) -> Option<Self> {
+        Some(match byte {
+            0x01 => MarkerType::Start,
+            0x02 => MarkerType::KeepAlive,
+            0x03 => MarkerType::End,
+            0x04 => MarkerType::Nack,
+            0x05 => MarkerType::Reject,
+            0x10 => MarkerType::Tick,
+            _ => return None,
+        })
+    }
+
+    /// Lower-case name, used as a metric label and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            MarkerType::Start => "start",
+            MarkerType::KeepAlive => "keep_alive",
+            MarkerType::End => "end",
+            MarkerType::Nack => "nack",
+            MarkerType::Reject => "reject",
+            MarkerType::Tick => "tick",
+        }
+    }
+}
+
+impl Marker {
+    /// The wire type of this marker.
+    pub fn marker_type(&self) -> MarkerType {
+        match self {
+            Marker::Start { .. } => MarkerType::Start,
+            Marker::KeepAlive { .. } => MarkerType::KeepAlive,
+            Marker::End { .. } => MarkerType::End,
+            Marker::Nack { .. } => MarkerType::Nack,
+            Marker::Reject { .. } => MarkerType::Reject,
+            Marker::Tick { .. } => MarkerType::Tick,
+        }
+    }
+
+    /// The record this marker is about; `None` for a `Tick`.
+    pub fn source(&self) -> Option<&SourceRef> {
+        match self {
+            Marker::Start { source, .. }
+            | Marker::KeepAlive { source, .. }
+            | Marker::End { source }
+            | Marker::Nack { source, .. }
+            | Marker::Reject { source, .. } => Some(source),
+            Marker::Tick { .. } => None,
+        }
+    }
+}
+
+/// Converts a duration to whole milliseconds for a `u32` wire field, saturating at about 49
+/// days rather than wrapping.
+pub fn duration_to_ms_u32(d: std::time::Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests;

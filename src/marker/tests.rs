@@ -1,0 +1,161 @@
+use super::*;
+use proptest::prelude::*;
+
+const SPEC: &str = include_str!("../../docs/markers.md");
+
+fn orders() -> SourceRef {
+    SourceRef::new("orders", 3, 42)
+}
+
+/// The hex column of the row whose first cell is `name`, from docs/markers.md.
+fn vector(name: &str) -> Vec<u8> {
+    let prefix = format!("| {name} |");
+    let row = SPEC
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("docs/markers.md has no vector `{name}`"));
+    let hex = row
+        .split('`')
+        .filter(|cell| cell.chars().all(|c| c.is_ascii_hexdigit() || c == ' '))
+        .filter(|cell| cell.len() >= 5)
+        .last()
+        .unwrap_or_else(|| panic!("vector `{name}` has no hex bytes"));
+    hex.split(' ')
+        .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))
+        .collect()
+}
+
+#[test]
+fn documented_vectors() {
+    let cases = [
+        (
+            "start",
+            Marker::Start {
+                source: orders(),
+                timeout_ms: 30_000,
+                attempt: 1,
+            },
+        ),
+        (
+            "keepalive",
+            Marker::KeepAlive {
+                source: orders(),
+                timeout_ms: 60_000,
+            },
+        ),
+        ("end", Marker::End { source: orders() }),
+        (
+            "nack",
+            Marker::Nack {
+                source: orders(),
+                delay_ms: 5_000,
+            },
+        ),
+        (
+            "reject",
+            Marker::Reject {
+                source: orders(),
+                reason: "bad".into(),
+            },
+        ),
+        (
+            "tick",
+            Marker::Tick {
+                nonce: 0x0102_0304_0506_0708,
+            },
+        ),
+    ];
+    for (name, marker) in cases {
+        assert_eq!(encode(&marker), vector(name), "encoding of `{name}`");
+        assert_eq!(decode(&vector(name)), Ok(marker), "decoding of `{name}`");
+    }
+}
+
+#[test]
+fn documented_rejections() {
+    for (name, kind) in [
+        ("bad-version", "unknown_version"),
+        ("bad-type", "unknown_type"),
+        ("cut-start", "truncated"),
+        ("zero-attempt", "invalid_value"),
+        ("trailing", "trailing_bytes"),
+    ] {
+        let err = decode(&vector(name)).expect_err(name);
+        assert_eq!(err.kind(), kind, "vector `{name}`: {err}");
+    }
+    assert_eq!(decode(&[]), Err(DecodeError::Empty));
+}
+
+#[test]
+fn invalid_utf8_topic_is_reported() {
+    let bytes = [1, 3, 0, 2, 0xff, 0xfe, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(decode(&bytes), Err(DecodeError::InvalidUtf8("topic")));
+}
+
+#[test]
+fn long_reasons_are_cut_on_a_char_boundary() {
+    let reason = "é".repeat(MAX_REASON_BYTES); // 2 bytes each
+    let m = Marker::Reject {
+        source: orders(),
+        reason,
+    };
+    match decode(&encode(&m)) {
+        Ok(Marker::Reject { reason, .. }) => {
+            assert_eq!(reason.len(), MAX_REASON_BYTES);
+            assert!(reason.chars().all(|c| c == 'é'));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn source_strategy() -> impl Strategy<Value = SourceRef> {
+    ("[a-zA-Z0-9._-]{1,249}", 0..i32::MAX, 0..i64::MAX)
+        .prop_map(|(topic, partition, offset)| SourceRef::new(topic, partition, offset))
+}
+
+fn marker_strategy() -> impl Strategy<Value = Marker> {
+    prop_oneof![
+        (source_strategy(), any::<u32>(), 1..u32::MAX).prop_map(|(source, timeout_ms, attempt)| {
+            Marker::Start {
+                source,
+                timeout_ms,
+                attempt,
+            }
+        }),
+        (source_strategy(), any::<u32>())
+            .prop_map(|(source, timeout_ms)| Marker::KeepAlive { source, timeout_ms }),
+        source_strategy().prop_map(|source| Marker::End { source }),
+        (source_strategy(), any::<u64>())
+            .prop_map(|(source, delay_ms)| Marker::Nack { source, delay_ms }),
+        (source_strategy(), ".{0,200}")
+            .prop_map(|(source, reason)| Marker::Reject { source, reason }),
+        any::<u64>().prop_map(|nonce| Marker::Tick { nonce }),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn round_trip(marker in marker_strategy()) {
+        prop_assert_eq!(decode(&encode(&marker)), Ok(marker));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+        let _ = decode(&bytes);
+    }
+
+    #[test]
+    fn corrupting_a_valid_marker_never_panics(
+        marker in marker_strategy(),
+        index in any::<prop::sample::Index>(),
+        byte in any::<u8>(),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let mut bytes = encode(&marker);
+        let i = index.index(bytes.len());
+        bytes[i] = byte;
+        let _ = decode(&bytes);
+        bytes.truncate(cut.index(bytes.len() + 1));
+        let _ = decode(&bytes);
+    }
+}

@@ -1,0 +1,59 @@
+//! How a tracker is configured. The CLI builds this; tests and the demo build it directly.
+
+use std::time::Duration;
+
+/// Settings of one tracker process.
+#[derive(Debug, Clone)]
+pub struct TrackerConfig {
+    /// Kafka bootstrap servers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The markers topic to consume.
+    pub markers_topic: String,
+    /// Consumer group shared by all replicas; markers partitions are spread across its members.
+    pub group_id: String,
+    /// Deliveries allowed per record before it goes to the dead-letter topic (at least 1).
+    pub max_deliveries: u32,
+    /// Dead-letter topic name; `{topic}` is replaced by the source topic.
+    pub dlq_topic: String,
+    /// How often committed markers offsets are moved forward.
+    pub commit_interval: Duration,
+    /// Most due deliveries handed to the redelivery worker at once.
+    pub expiry_batch: usize,
+    /// Extra librdkafka settings (`-X key=value`), applied to every client the tracker makes.
+    pub rdkafka: Vec<(String, String)>,
+}
+
+impl TrackerConfig {
+    /// A configuration with the documented defaults.
+    pub fn new(brokers: impl Into<String>, markers_topic: impl Into<String>) -> Self {
+        TrackerConfig {
+            brokers: brokers.into(),
+            markers_topic: markers_topic.into(),
+            group_id: "redelivery-tracker".into(),
+            max_deliveries: 5,
+            dlq_topic: "{topic}.dlq".into(),
+            commit_interval: Duration::from_secs(1),
+            expiry_batch: 1_000,
+            rdkafka: Vec::new(),
+        }
+    }
+
+    /// The dead-letter topic for records of `source_topic`.
+    pub fn dlq_topic_for(&self, source_topic: &str) -> String {
+        self.dlq_topic.replace("{topic}", source_topic)
+    }
+
+    /// A librdkafka config with the brokers and every `-X` override applied last, so an
+    /// operator can change anything the tracker sets.
+    pub(crate) fn client_config(&self, own: &[(&str, &str)]) -> rdkafka::ClientConfig {
+        let mut c = rdkafka::ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        for (k, v) in own {
+            c.set(*k, *v);
+        }
+        for (k, v) in &self.rdkafka {
+            c.set(k, v);
+        }
+        c
+    }
+}

@@ -1,0 +1,332 @@
+//! The markers consumer: one thread that reads markers, keeps the partition states, wakes at the
+//! next deadline, hands due deliveries to the redelivery worker, and commits.
+//!
+//! The thread owns the `BaseConsumer`, and librdkafka runs rebalance callbacks inside `poll` on
+//! this same thread. So the callbacks can act on the partition states directly (commit what a
+//! revoked partition allows, start catch-up for an assigned one) without any cross-thread
+//! hand-off: the `Mutex` around the states is never contended, it only satisfies `Sync`, and it
+//! is never held across `poll`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use crate::marker::{decode, encode, Marker};
+
+use super::config::TrackerConfig;
+use super::metrics::Metrics;
+use super::partition::OwnedPartition;
+use super::redeliver::Job;
+
+/// Longest sleep in `poll`, so stop requests and Tick retries are noticed promptly.
+const MAX_WAIT: Duration = Duration::from_millis(200);
+/// Jobs waiting for the redelivery worker before the consumer stops taking due deliveries.
+pub(crate) const MAX_QUEUED_JOBS: usize = 16;
+
+/// Partition states shared between the poll loop and the rebalance callbacks.
+#[derive(Default)]
+pub(crate) struct Owned {
+    pub(crate) partitions: BTreeMap<i32, OwnedPartition>,
+    assigned_once: bool,
+}
+
+/// The consumer's context: where rebalance and commit callbacks land.
+pub(crate) struct TrackerContext {
+    owned: Mutex<Owned>,
+    metrics: Metrics,
+    markers_topic: String,
+}
+
+impl TrackerContext {
+    pub(crate) fn new(metrics: Metrics, markers_topic: String) -> Self {
+        TrackerContext {
+            owned: Mutex::new(Owned::default()),
+            metrics,
+            markers_topic,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Owned> {
+        // A poisoned lock only means a panic elsewhere on this thread; the data is still whole.
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Commits the safe offset of each partition in `ids` synchronously.
+    fn commit_now(&self, consumer: &BaseConsumer<Self>, owned: &mut Owned, ids: &[i32]) {
+        let mut tpl = TopicPartitionList::new();
+        for id in ids {
+            if let Some(p) = owned.partitions.get_mut(id) {
+                if let Some(offset) = safe_offset(p) {
+                    let _ =
+                        tpl.add_partition_offset(&self.markers_topic, *id, Offset::Offset(offset));
+                    p.committed = Some(offset);
+                }
+            }
+        }
+        if tpl.count() > 0 {
+            self.metrics
+                .commit(&consumer.commit(&tpl, CommitMode::Sync));
+        }
+    }
+}
+
+/// What may be committed for a partition: the oldest Start in flight, or the position.
+fn safe_offset(p: &mut OwnedPartition) -> Option<i64> {
+    let next = p.next_offset?;
+    let now = p.clock.now_ms(Instant::now()).unwrap_or(0);
+    Some(p.state.summary(next, now).commit_offset)
+}
+
+impl ClientContext for TrackerContext {}
+
+impl ConsumerContext for TrackerContext {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Revoke(tpl) => {
+                let ids: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                let mut owned = self.lock();
+                self.commit_now(consumer, &mut owned, &ids);
+                for id in ids {
+                    if let Some(p) = owned.partitions.remove(&id) {
+                        tracing::info!(
+                            partition = id,
+                            in_flight = p.state.in_flight(),
+                            "partition revoked"
+                        );
+                        self.metrics.forget_partition(id);
+                    }
+                }
+            }
+            Rebalance::Assign(_) => {}
+            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+        }
+    }
+
+    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            let mut owned = self.lock();
+            owned.assigned_once = true;
+            for e in tpl.elements() {
+                let id = e.partition();
+                owned.partitions.entry(id).or_insert_with(|| {
+                    tracing::info!(partition = id, "partition assigned; replaying");
+                    OwnedPartition::new(id, random_nonce())
+                });
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
+        if result.is_err() {
+            // Forget what we thought was committed, so the next interval tries again.
+            for p in self.lock().partitions.values_mut() {
+                p.committed = None;
+            }
+        }
+        self.metrics.commit(&result);
+    }
+}
+
+fn random_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS; hashing the time gives a fresh value per call.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// The poll loop and what it needs.
+pub(crate) struct MarkersLoop {
+    pub(crate) consumer: BaseConsumer<TrackerContext>,
+    pub(crate) producer: FutureProducer,
+    pub(crate) config: Arc<TrackerConfig>,
+    pub(crate) metrics: Metrics,
+    pub(crate) jobs: SyncSender<Job>,
+    pub(crate) queued: Arc<AtomicUsize>,
+    pub(crate) ready: Arc<AtomicBool>,
+    pub(crate) stop: Arc<AtomicBool>,
+}
+
+impl MarkersLoop {
+    /// Runs until a stop is requested, then commits every owned partition.
+    pub(crate) fn run(self) {
+        let mut ticks: Vec<DeliveryFuture> = Vec::new();
+        let mut next_commit = Instant::now() + self.config.commit_interval;
+        while !self.stop.load(Ordering::Relaxed) {
+            let wait = self.wait_time(next_commit);
+            if let Some(result) = self.consumer.poll(wait) {
+                self.handle(result);
+                for _ in 0..10_000 {
+                    match self.consumer.poll(Duration::ZERO) {
+                        Some(result) => self.handle(result),
+                        None => break,
+                    }
+                }
+            }
+            self.send_ticks(&mut ticks);
+            self.dispatch_due();
+            if Instant::now() >= next_commit {
+                self.commit_and_publish();
+                next_commit = Instant::now() + self.config.commit_interval;
+            }
+        }
+        let ctx = self.consumer.context();
+        let mut owned = ctx.lock();
+        let ids: Vec<i32> = owned.partitions.keys().copied().collect();
+        ctx.commit_now(&self.consumer, &mut owned, &ids);
+        tracing::info!(partitions = ids.len(), "final commit done");
+    }
+
+    fn handle(&self, result: KafkaResult<BorrowedMessage<'_>>) {
+        let m = match result {
+            Ok(m) => m,
+            Err(e) => return self.metrics.consume_error(&e),
+        };
+        let at = Instant::now();
+        let mut owned = self.consumer.context().lock();
+        let Some(p) = owned.partitions.get_mut(&m.partition()) else {
+            return;
+        };
+        p.observe(m.offset(), m.timestamp().to_millis(), at);
+        let Some(ts) = m.timestamp().to_millis() else {
+            return self.metrics.marker_error(
+                m.partition(),
+                m.offset(),
+                &crate::marker::DecodeError::InvalidValue {
+                    field: "timestamp",
+                    value: "none".into(),
+                },
+            );
+        };
+        match m.payload() {
+            None => self.metrics.tombstone(m.partition(), m.offset()),
+            Some(bytes) => match decode(bytes) {
+                Ok(marker) => p.apply(m.offset(), ts, &marker, &self.metrics),
+                Err(e) => self.metrics.marker_error(m.partition(), m.offset(), &e),
+            },
+        }
+    }
+
+    /// Sleep until the earliest deadline of a ready partition, the next commit, or `MAX_WAIT`.
+    fn wait_time(&self, next_commit: Instant) -> Duration {
+        let now = Instant::now();
+        let mut until = (now + MAX_WAIT).min(next_commit);
+        if self.queued.load(Ordering::Relaxed) < MAX_QUEUED_JOBS {
+            let mut owned = self.consumer.context().lock();
+            for p in owned.partitions.values_mut().filter(|p| p.is_ready()) {
+                if let Some(at) = p.state.next_deadline().and_then(|d| p.clock.instant_of(d)) {
+                    until = until.min(at);
+                }
+            }
+        }
+        until.saturating_duration_since(now)
+    }
+
+    fn send_ticks(&self, pending: &mut Vec<DeliveryFuture>) {
+        pending.retain_mut(|f| match f.now_or_never() {
+            None => true,
+            Some(Ok(Ok(_))) => false,
+            Some(Ok(Err((e, _)))) => {
+                self.metrics
+                    .produce_error("tick", &self.config.markers_topic, &e);
+                false
+            }
+            Some(Err(_)) => false,
+        });
+        let now = Instant::now();
+        let mut owned = self.consumer.context().lock();
+        for p in owned.partitions.values_mut() {
+            let Some(nonce) = p.tick_due(now) else {
+                continue;
+            };
+            let payload = encode(&Marker::Tick { nonce });
+            let record = FutureRecord::<(), _>::to(&self.config.markers_topic)
+                .partition(p.id)
+                .payload(&payload);
+            match self.producer.send_result(record) {
+                Ok(f) => pending.push(f),
+                Err((e, _)) => self
+                    .metrics
+                    .produce_error("tick", &self.config.markers_topic, &e),
+            }
+            p.tick_sent(now);
+        }
+    }
+
+    fn dispatch_due(&self) {
+        let now = Instant::now();
+        let mut owned = self.consumer.context().lock();
+        for p in owned.partitions.values_mut().filter(|p| p.is_ready()) {
+            if self.queued.load(Ordering::Relaxed) >= MAX_QUEUED_JOBS {
+                return;
+            }
+            let Some(now_ms) = p.clock.now_ms(now) else {
+                continue;
+            };
+            let expiries = p.state.expired(now_ms, self.config.expiry_batch);
+            if expiries.is_empty() {
+                continue;
+            }
+            self.queued.fetch_add(1, Ordering::Relaxed);
+            let job = Job {
+                markers_partition: p.id,
+                expiries,
+                taken_at_ms: now_ms,
+                taken_at: now,
+            };
+            if self.jobs.send(job).is_err() {
+                tracing::error!("redelivery worker is gone; due deliveries stay in flight");
+                self.stop.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+
+    fn commit_and_publish(&self) {
+        let now = Instant::now();
+        let mut owned = self.consumer.context().lock();
+        let mut tpl = TopicPartitionList::new();
+        let mut all_ready = owned.assigned_once;
+        for p in owned.partitions.values_mut() {
+            let now_ms = p.clock.now_ms(now).unwrap_or(0);
+            let ready = p.is_ready();
+            all_ready &= ready;
+            let Some(next) = p.next_offset else {
+                self.metrics.partition_gauges(p.id, 0, 0, ready);
+                continue;
+            };
+            let s = p.state.summary(next, now_ms);
+            self.metrics
+                .partition_gauges(p.id, s.in_flight, s.oldest_age_ms, ready);
+            if p.committed != Some(s.commit_offset) {
+                let _ = tpl.add_partition_offset(
+                    &self.config.markers_topic,
+                    p.id,
+                    Offset::Offset(s.commit_offset),
+                );
+                p.committed = Some(s.commit_offset);
+            }
+        }
+        self.ready.store(all_ready, Ordering::Relaxed);
+        self.metrics.readiness(all_ready, owned.partitions.len());
+        drop(owned);
+        if tpl.count() > 0 {
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+                self.metrics.commit(&Err(e));
+            }
+        }
+    }
+}

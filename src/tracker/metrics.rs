@@ -1,0 +1,295 @@
+//! The tracker's Prometheus metrics, and the events that move them.
+//!
+//! Each notable event is one method here that both logs (with structured fields) and counts, so
+//! a log line and its counter can never disagree. Labels are partitions, topics and kinds, never
+//! keys or offsets, so series stay few.
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::marker::{DecodeError, MarkerType, SourceRef};
+
+use super::action::DlqReason;
+use super::state::Oddity;
+
+/// All tracker metrics, registered in their own [`Registry`].
+#[derive(Clone)]
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    markers: IntCounterVec,
+    marker_errors: IntCounterVec,
+    odd_markers: IntCounterVec,
+    in_flight: IntGaugeVec,
+    oldest_age: IntGaugeVec,
+    partition_ready: IntGaugeVec,
+    ready: IntGauge,
+    assigned: IntGauge,
+    redelivered: IntCounterVec,
+    dead_lettered: IntCounterVec,
+    deadline_lag: Histogram,
+    commits: IntCounter,
+    commit_failures: IntCounter,
+    source_read_errors: IntCounterVec,
+    produce_errors: IntCounterVec,
+    consume_errors: IntCounter,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("unique metric name");
+    c
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("unique metric name");
+    g
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[allow(clippy::expect_used)] // metric definitions are static; a failure is a programming error
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let single = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("static metric definition");
+            r.register(Box::new(g.clone())).expect("unique metric name");
+            g
+        };
+        let ready = single(
+            "redelivery_ready",
+            "1 when every assigned partition has caught up",
+        );
+        let assigned = single(
+            "redelivery_assigned_partitions",
+            "Markers partitions assigned to this tracker",
+        );
+        let single_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("static metric definition");
+            r.register(Box::new(c.clone())).expect("unique metric name");
+            c
+        };
+        let commits = single_counter(
+            "redelivery_commits_total",
+            "Markers offset commits that succeeded",
+        );
+        let commit_failures = single_counter(
+            "redelivery_commit_failures_total",
+            "Markers offset commits that failed (retried on the next interval)",
+        );
+        let consume_errors = single_counter(
+            "redelivery_consume_errors_total",
+            "Errors returned while consuming the markers topic",
+        );
+        let deadline_lag = Histogram::with_opts(
+            HistogramOpts::new(
+                "redelivery_deadline_lag_seconds",
+                "Time from a delivery's deadline to its copy being durable, in partition time",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0,
+            ]),
+        )
+        .expect("static metric definition");
+        r.register(Box::new(deadline_lag.clone()))
+            .expect("unique metric name");
+        Metrics {
+            markers: counter(&r, "redelivery_markers_total", "Markers read, by type", &["type"]),
+            marker_errors: counter(
+                &r,
+                "redelivery_marker_errors_total",
+                "Markers records skipped because they could not be decoded, by kind",
+                &["kind"],
+            ),
+            odd_markers: counter(
+                &r,
+                "redelivery_odd_markers_total",
+                "Markers skipped because they contradict the state, by kind",
+                &["kind"],
+            ),
+            in_flight: gauge(&r, "redelivery_in_flight", "Deliveries in flight", &["partition"]),
+            oldest_age: gauge(
+                &r,
+                "redelivery_oldest_in_flight_age_seconds",
+                "Age of the oldest delivery in flight",
+                &["partition"],
+            ),
+            partition_ready: gauge(
+                &r,
+                "redelivery_partition_ready",
+                "1 once the partition's state has been rebuilt by replay",
+                &["partition"],
+            ),
+            redelivered: counter(
+                &r,
+                "redelivery_redelivered_total",
+                "Copies produced to their source topic, by cause (timeout, nacked)",
+                &["topic", "cause"],
+            ),
+            dead_lettered: counter(
+                &r,
+                "redelivery_dead_lettered_total",
+                "Copies produced to a dead-letter topic, by reason",
+                &["topic", "reason"],
+            ),
+            source_read_errors: counter(
+                &r,
+                "redelivery_source_read_errors_total",
+                "Transient failures reading a source record back (retried)",
+                &["topic"],
+            ),
+            produce_errors: counter(
+                &r,
+                "redelivery_produce_errors_total",
+                "Failed produce attempts (retried), by what was produced (copy, dead_letter, end, tick)",
+                &["what"],
+            ),
+            registry: r,
+            ready,
+            assigned,
+            deadline_lag,
+            commits,
+            commit_failures,
+            consume_errors,
+        }
+    }
+
+    /// Renders the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let encoder = prometheus::TextEncoder::new();
+        if let Err(e) = encoder.encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "could not render metrics");
+        }
+        out
+    }
+
+    /// A marker was read and decoded.
+    pub fn marker(&self, kind: MarkerType) {
+        self.markers.with_label_values(&[kind.name()]).inc();
+    }
+
+    /// A markers record could not be decoded and was skipped.
+    pub fn marker_error(&self, partition: i32, offset: i64, error: &DecodeError) {
+        tracing::warn!(partition, offset, kind = error.kind(), %error, "skipping undecodable marker");
+        self.marker_errors.with_label_values(&[error.kind()]).inc();
+    }
+
+    /// A markers record had no value.
+    pub fn tombstone(&self, partition: i32, offset: i64) {
+        tracing::warn!(partition, offset, "skipping tombstone on the markers topic");
+        self.marker_errors.with_label_values(&["tombstone"]).inc();
+    }
+
+    /// A marker contradicted the state and was skipped.
+    pub fn odd_marker(
+        &self,
+        partition: i32,
+        offset: i64,
+        oddity: Oddity,
+        source: Option<&SourceRef>,
+    ) {
+        let source = source.map(ToString::to_string).unwrap_or_default();
+        tracing::debug!(partition, offset, kind = oddity.name(), %source, "marker does not match the state");
+        self.odd_markers.with_label_values(&[oddity.name()]).inc();
+    }
+
+    /// Consuming the markers topic returned an error.
+    pub fn consume_error(&self, error: &rdkafka::error::KafkaError) {
+        tracing::warn!(%error, "error consuming the markers topic");
+        self.consume_errors.inc();
+    }
+
+    /// A copy reached its source topic.
+    pub fn redelivered(&self, source: &SourceRef, cause: &str, attempt: u32) {
+        tracing::info!(%source, cause, attempt, "redelivered");
+        self.redelivered
+            .with_label_values(&[&source.topic, cause])
+            .inc();
+    }
+
+    /// A copy reached a dead-letter topic.
+    pub fn dead_lettered(&self, source: &SourceRef, dlq: &str, reason: DlqReason, detail: &str) {
+        tracing::info!(%source, dlq, reason = reason.name(), detail, "dead-lettered");
+        self.dead_lettered
+            .with_label_values(&[&source.topic, reason.name()])
+            .inc();
+    }
+
+    /// How late, in seconds, a copy was made durable after its deadline.
+    pub fn deadline_lag(&self, seconds: f64) {
+        self.deadline_lag.observe(seconds.max(0.0));
+    }
+
+    /// Reading a source record failed in a way that may pass.
+    pub fn source_read_error(&self, source: &SourceRef, error: &dyn std::fmt::Display) {
+        tracing::warn!(%source, %error, "could not read the source record; will retry");
+        self.source_read_errors
+            .with_label_values(&[&source.topic])
+            .inc();
+    }
+
+    /// A produce failed and will be retried.
+    pub fn produce_error(&self, what: &str, target: &str, error: &dyn std::fmt::Display) {
+        tracing::warn!(what, target, %error, "produce failed; will retry");
+        self.produce_errors.with_label_values(&[what]).inc();
+    }
+
+    /// A commit of markers offsets finished.
+    pub fn commit(&self, result: &Result<(), rdkafka::error::KafkaError>) {
+        match result {
+            Ok(()) => self.commits.inc(),
+            Err(error) => {
+                tracing::warn!(%error, "committing markers offsets failed");
+                self.commit_failures.inc();
+            }
+        }
+    }
+
+    /// Publishes the size of one partition's state.
+    pub fn partition_gauges(
+        &self,
+        partition: i32,
+        in_flight: usize,
+        oldest_age_ms: i64,
+        ready: bool,
+    ) {
+        let p = partition.to_string();
+        self.in_flight
+            .with_label_values(&[&p])
+            .set(in_flight as i64);
+        self.oldest_age
+            .with_label_values(&[&p])
+            .set(oldest_age_ms / 1000);
+        self.partition_ready
+            .with_label_values(&[&p])
+            .set(i64::from(ready));
+    }
+
+    /// Drops the series of a partition this tracker no longer owns.
+    pub fn forget_partition(&self, partition: i32) {
+        let p = partition.to_string();
+        let _ = self.in_flight.remove_label_values(&[&p]);
+        let _ = self.oldest_age.remove_label_values(&[&p]);
+        let _ = self.partition_ready.remove_label_values(&[&p]);
+    }
+
+    /// Publishes overall readiness and the number of assigned partitions.
+    pub fn readiness(&self, ready: bool, assigned: usize) {
+        self.ready.set(i64::from(ready));
+        self.assigned.set(assigned as i64);
+    }
+}

@@ -1,0 +1,141 @@
+//! One owned markers partition: its state, its clock, and where it is in catch-up.
+//!
+//! Catch-up works like this. When a partition is assigned, the tracker writes a Tick marker with
+//! a fresh random nonce to it. Everything before that Tick was written before the assignment,
+//! so once the consumer reads its own Tick back, the state holds every delivery still in
+//! progress and the clock holds the broker's current time. Only then does the partition become
+//! ready and may redeliver. No redelivery ever happens from a half-replayed state.
+
+use std::time::{Duration, Instant};
+
+use crate::marker::Marker;
+
+use super::clock::PartitionClock;
+use super::metrics::Metrics;
+use super::state::{Applied, PartitionState};
+
+/// How long to wait for a Tick to come back before writing another one.
+pub const TICK_RETRY: Duration = Duration::from_secs(5);
+
+/// Catch-up progress of a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatchUp {
+    /// Waiting for the Tick with this nonce, written at that instant (`None`: not yet written).
+    Replaying {
+        /// Nonce of the Tick that ends replay.
+        nonce: u64,
+        /// When the Tick was last written.
+        sent_at: Option<Instant>,
+    },
+    /// The Tick came back: the state is complete.
+    Ready,
+}
+
+/// A markers partition owned by this tracker.
+#[derive(Debug)]
+pub struct OwnedPartition {
+    /// Markers partition number.
+    pub id: i32,
+    /// Deliveries in progress.
+    pub state: PartitionState,
+    /// Partition time.
+    pub clock: PartitionClock,
+    /// Offset after the last marker read; what to commit when nothing is in flight.
+    pub next_offset: Option<i64>,
+    /// Catch-up progress.
+    pub catch_up: CatchUp,
+    /// The offset last committed, to skip commits that would change nothing.
+    pub committed: Option<i64>,
+}
+
+impl OwnedPartition {
+    /// A partition just assigned, waiting for the Tick with `nonce`.
+    pub fn new(id: i32, nonce: u64) -> Self {
+        OwnedPartition {
+            id,
+            state: PartitionState::new(),
+            clock: PartitionClock::default(),
+            next_offset: None,
+            catch_up: CatchUp::Replaying {
+                nonce,
+                sent_at: None,
+            },
+            committed: None,
+        }
+    }
+
+    /// Whether replay is over.
+    pub fn is_ready(&self) -> bool {
+        self.catch_up == CatchUp::Ready
+    }
+
+    /// The nonce of a Tick that should be (re)written now, if any.
+    pub fn tick_due(&self, now: Instant) -> Option<u64> {
+        match self.catch_up {
+            CatchUp::Replaying { nonce, sent_at } => sent_at
+                .is_none_or(|t| now.duration_since(t) >= TICK_RETRY)
+                .then_some(nonce),
+            CatchUp::Ready => None,
+        }
+    }
+
+    /// Notes that the Tick was written at `now`.
+    pub fn tick_sent(&mut self, now: Instant) {
+        if let CatchUp::Replaying { nonce, .. } = self.catch_up {
+            self.catch_up = CatchUp::Replaying {
+                nonce,
+                sent_at: Some(now),
+            };
+        }
+    }
+
+    /// Applies one decoded marker and counts what it did.
+    pub fn apply(&mut self, offset: i64, timestamp_ms: i64, marker: &Marker, metrics: &Metrics) {
+        metrics.marker(marker.marker_type());
+        match self.state.on_marker(offset, timestamp_ms, marker) {
+            Applied::Tick(nonce) => {
+                if matches!(self.catch_up, CatchUp::Replaying { nonce: want, .. } if want == nonce)
+                {
+                    self.catch_up = CatchUp::Ready;
+                    tracing::info!(
+                        partition = self.id,
+                        offset,
+                        in_flight = self.state.in_flight(),
+                        "caught up; partition ready"
+                    );
+                }
+            }
+            Applied::Odd(oddity) => metrics.odd_marker(self.id, offset, oddity, marker.source()),
+            _ => {}
+        }
+    }
+
+    /// Notes that a record (marker or not) at `offset` with `timestamp_ms` was read at `at`.
+    pub fn observe(&mut self, offset: i64, timestamp_ms: Option<i64>, at: Instant) {
+        self.next_offset = Some(offset + 1);
+        if let Some(ts) = timestamp_ms {
+            self.clock.observe(ts, at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_after_its_own_tick() {
+        let metrics = Metrics::new();
+        let mut p = OwnedPartition::new(0, 42);
+        let t0 = Instant::now();
+        assert_eq!(p.tick_due(t0), Some(42));
+        p.tick_sent(t0);
+        assert_eq!(p.tick_due(t0), None);
+        assert_eq!(p.tick_due(t0 + TICK_RETRY), Some(42));
+        p.apply(0, 0, &Marker::Tick { nonce: 7 }, &metrics);
+        assert!(!p.is_ready(), "another tracker's tick does not end replay");
+        p.apply(1, 0, &Marker::Tick { nonce: 42 }, &metrics);
+        assert!(p.is_ready());
+        assert_eq!(p.tick_due(t0 + TICK_RETRY * 2), None);
+    }
+}

@@ -1,0 +1,144 @@
+//! Wires a tracker together: the markers consumer thread, the redelivery worker thread, and a
+//! graceful stop.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
+
+use super::config::TrackerConfig;
+use super::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
+use super::error::TrackerError;
+use super::metrics::Metrics;
+use super::redeliver::Redeliverer;
+
+/// How long the redelivery worker may keep finishing its current job after a stop.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// A RedeliveryTracker: consumes the markers topic and redelivers what times out.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), kafka_redelivery::tracker::TrackerError> {
+/// use kafka_redelivery::tracker::{Tracker, TrackerConfig};
+/// let tracker = Tracker::new(TrackerConfig::new("localhost:9092", "orders.markers"));
+/// let ready = tracker.readiness();
+/// tracker.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+/// # Ok(()) }
+/// ```
+pub struct Tracker {
+    config: Arc<TrackerConfig>,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+}
+
+impl Tracker {
+    /// A tracker with its own metrics registry.
+    pub fn new(config: TrackerConfig) -> Self {
+        Self::with_metrics(config, Metrics::new())
+    }
+
+    /// A tracker that reports into `metrics`.
+    pub fn with_metrics(config: TrackerConfig, metrics: Metrics) -> Self {
+        Tracker {
+            config: Arc::new(config),
+            metrics,
+            ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The tracker's metrics, for an admin endpoint.
+    pub fn metrics(&self) -> Metrics {
+        self.metrics.clone()
+    }
+
+    /// True once every assigned markers partition has caught up (see `/readyz`).
+    pub fn readiness(&self) -> Arc<AtomicBool> {
+        self.ready.clone()
+    }
+
+    /// Runs until `shutdown` completes, then stops consuming, commits, lets the redelivery
+    /// worker finish its current job (up to a grace period) and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), TrackerError> {
+        if self.config.max_deliveries == 0 {
+            return Err(TrackerError::Config(
+                "max deliveries must be at least 1".into(),
+            ));
+        }
+        let consumer: BaseConsumer<TrackerContext> = self
+            .config
+            .client_config(&[
+                ("group.id", &self.config.group_id),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("auto.offset.reset", "earliest"),
+            ])
+            .create_with_context(TrackerContext::new(
+                self.metrics.clone(),
+                self.config.markers_topic.clone(),
+            ))
+            .map_err(TrackerError::kafka("creating the markers consumer"))?;
+        consumer
+            .subscribe(&[&self.config.markers_topic])
+            .map_err(TrackerError::kafka("subscribing to the markers topic"))?;
+        let producer: FutureProducer = self
+            .config
+            .client_config(&crate::kafka::DURABLE_PRODUCER)
+            .create()
+            .map_err(TrackerError::kafka("creating the producer"))?;
+
+        let stop_consumer = Arc::new(AtomicBool::new(false));
+        let stop_worker = Arc::new(AtomicBool::new(false));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (jobs, job_rx) = mpsc::sync_channel(MAX_QUEUED_JOBS);
+        let worker = Redeliverer::new(
+            self.config.clone(),
+            producer.clone(),
+            self.metrics.clone(),
+            stop_worker.clone(),
+        )?;
+        let worker_queued = queued.clone();
+        let worker = tokio::task::spawn_blocking(move || worker.run(job_rx, &worker_queued));
+        let markers = MarkersLoop {
+            consumer,
+            producer,
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            jobs,
+            queued,
+            ready: self.ready.clone(),
+            stop: stop_consumer.clone(),
+        };
+        let mut consumer = tokio::task::spawn_blocking(move || markers.run());
+
+        tokio::select! {
+            _ = shutdown => tracing::info!("stop requested; draining"),
+            r = &mut consumer => {
+                // The loop only ends on its own when the worker is gone.
+                r.map_err(|e| TrackerError::Thread(e.to_string()))?;
+            }
+        }
+        stop_consumer.store(true, Ordering::Relaxed);
+        self.ready.store(false, Ordering::Relaxed);
+        if !consumer.is_finished() {
+            consumer
+                .await
+                .map_err(|e| TrackerError::Thread(e.to_string()))?;
+        }
+        let mut worker = worker;
+        let finished = tokio::time::timeout(GRACE, &mut worker).await;
+        let result = match finished {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!("redelivery worker still busy after the grace period; its deliveries stay in flight");
+                stop_worker.store(true, Ordering::Relaxed);
+                worker.await
+            }
+        };
+        result.map_err(|e| TrackerError::Thread(e.to_string()))?;
+        tracing::info!("tracker stopped");
+        Ok(())
+    }
+}

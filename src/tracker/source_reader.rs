@@ -1,0 +1,160 @@
+//! Reads original records back from their source topic, by offset, for redelivery.
+//!
+//! The markers never carry payloads, so a due delivery is redelivered by reading the record at
+//! its offset. The reader checks the offset it got: a record that compaction or retention
+//! removed comes back as [`ReadOutcome::Gone`], which takes the dead-letter path. Errors that
+//! may pass (broker away, leader moving) are returned as `Err` and retried by the caller.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::config::TrackerConfig;
+use super::error::TrackerError;
+
+/// The result of reading one offset.
+#[derive(Debug)]
+pub enum ReadOutcome {
+    /// The record, as it is in the source partition.
+    Found(OwnedMessage),
+    /// The record cannot be read and never will be; the text says why.
+    Gone(String),
+}
+
+/// Why a read did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Nothing arrived in time; the broker may be away.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// librdkafka reported an error that may pass.
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+}
+
+/// A group-less consumer used only to fetch records by offset.
+pub struct SourceReader {
+    consumer: BaseConsumer,
+    timeout: Duration,
+}
+
+/// Offsets further apart than this are fetched with a new assignment rather than by reading
+/// through the records between them.
+const MAX_SCAN_GAP: i64 = 256;
+
+impl SourceReader {
+    /// Creates the reader's consumer.
+    pub fn new(config: &TrackerConfig) -> Result<Self, TrackerError> {
+        let consumer = config
+            .client_config(&[
+                ("group.id", &format!("{}-reader", config.group_id)),
+                ("enable.auto.commit", "false"),
+                ("enable.auto.offset.store", "false"),
+                ("enable.partition.eof", "true"),
+                // Never jump elsewhere when the offset is gone: report it.
+                ("auto.offset.reset", "error"),
+                ("fetch.wait.max.ms", "10"),
+                ("isolation.level", "read_committed"),
+            ])
+            .create()
+            .map_err(TrackerError::kafka("creating the source reader"))?;
+        Ok(SourceReader {
+            consumer,
+            timeout: Duration::from_secs(10),
+        })
+    }
+
+    /// Reads `offsets` (ascending) of one source partition. Returns one outcome per offset
+    /// read before the first error, in order; on error, the offsets after those are unread.
+    pub fn read_many(
+        &self,
+        topic: &str,
+        partition: i32,
+        offsets: &[i64],
+    ) -> (Vec<(i64, ReadOutcome)>, Option<ReadError>) {
+        let mut out = Vec::with_capacity(offsets.len());
+        let mut position: Option<i64> = None;
+        for &wanted in offsets {
+            if position.is_none_or(|p| wanted < p || wanted - p > MAX_SCAN_GAP) {
+                if let Err(e) = self.assign(topic, partition, wanted) {
+                    return (out, Some(e.into()));
+                }
+            }
+            match self.next_at_or_after(topic, partition, wanted) {
+                Ok((outcome, next)) => {
+                    position = next;
+                    out.push((wanted, outcome));
+                }
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+
+    fn assign(&self, topic: &str, partition: i32, offset: i64) -> Result<(), KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+        self.consumer.assign(&tpl)
+    }
+
+    /// Polls until the record at `wanted` (or proof that it is gone) arrives. Returns the
+    /// outcome and the offset the consumer will read next, if known.
+    fn next_at_or_after(
+        &self,
+        topic: &str,
+        partition: i32,
+        wanted: i64,
+    ) -> Result<(ReadOutcome, Option<i64>), ReadError> {
+        let started = Instant::now();
+        loop {
+            let left = self.timeout.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(ReadError::Timeout(self.timeout));
+            }
+            match self.consumer.poll(left) {
+                None => continue,
+                Some(Ok(m)) if m.topic() != topic || m.partition() != partition => continue,
+                Some(Ok(m)) if m.offset() < wanted => continue,
+                Some(Ok(m)) if m.offset() == wanted => {
+                    return Ok((ReadOutcome::Found(m.detach()), Some(wanted + 1)))
+                }
+                Some(Ok(m)) => {
+                    let why = format!(
+                        "offset {wanted} no longer exists (compacted, deleted or aborted); the next record is at {}",
+                        m.offset()
+                    );
+                    // The next wanted offset may be this very record: read it again.
+                    return Ok((ReadOutcome::Gone(why), None));
+                }
+                Some(Err(e)) => {
+                    if let Some(why) = gone_reason(&e, wanted) {
+                        return Ok((ReadOutcome::Gone(why), None));
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+    }
+}
+
+/// Errors that prove the record can never be read.
+fn gone_reason(error: &KafkaError, wanted: i64) -> Option<String> {
+    if let KafkaError::PartitionEOF(_) = error {
+        return Some(format!("offset {wanted} is past the end of the partition"));
+    }
+    match error.rdkafka_error_code()? {
+        RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange => Some(format!(
+            "offset {wanted} is out of range (removed by retention or the topic was recreated)"
+        )),
+        RDKafkaErrorCode::UnknownTopicOrPartition
+        | RDKafkaErrorCode::UnknownTopic
+        | RDKafkaErrorCode::UnknownPartition => {
+            Some("the source topic or partition does not exist".to_string())
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,188 @@
+use super::*;
+
+fn src(offset: i64) -> SourceRef {
+    SourceRef::new("orders", 0, offset)
+}
+
+fn start(offset: i64, timeout_ms: u32, attempt: u32) -> Marker {
+    Marker::Start {
+        source: src(offset),
+        timeout_ms,
+        attempt,
+    }
+}
+
+#[test]
+fn start_without_end_expires_once_at_its_deadline() {
+    let mut s = PartitionState::new();
+    assert_eq!(s.on_marker(10, 1_000, &start(5, 500, 1)), Applied::Started);
+    assert_eq!(s.next_deadline(), Some(1_500));
+    assert!(s.expired(1_499, 10).is_empty());
+    let due = s.expired(1_500, 10);
+    assert_eq!(
+        due,
+        vec![Expiry {
+            source: src(5),
+            attempt: 1,
+            cause: Cause::Timeout,
+            deadline_ms: 1_500
+        }]
+    );
+    assert!(
+        s.expired(10_000, 10).is_empty(),
+        "dispatched deliveries never expire again"
+    );
+    assert_eq!(
+        s.in_flight(),
+        1,
+        "still in flight until the tracker's End is read"
+    );
+    assert_eq!(
+        s.on_marker(11, 1_600, &Marker::End { source: src(5) }),
+        Applied::Ended
+    );
+    assert_eq!(s.in_flight(), 0);
+}
+
+#[test]
+fn acked_delivery_never_expires() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &start(1, 100, 1));
+    s.on_marker(1, 50, &Marker::End { source: src(1) });
+    assert_eq!(s.next_deadline(), None);
+    assert!(s.expired(i64::MAX, 10).is_empty());
+}
+
+#[test]
+fn keep_alive_moves_the_deadline() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &start(1, 100, 1));
+    let keep = Marker::KeepAlive {
+        source: src(1),
+        timeout_ms: 1_000,
+    };
+    assert_eq!(s.on_marker(1, 90, &keep), Applied::KeptAlive);
+    assert!(s.expired(500, 10).is_empty());
+    assert_eq!(s.next_deadline(), Some(1_090));
+    assert_eq!(s.expired(1_090, 10).len(), 1);
+}
+
+#[test]
+fn nack_is_due_after_its_delay_with_its_cause() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &start(1, 30_000, 2));
+    let nack = Marker::Nack {
+        source: src(1),
+        delay_ms: 200,
+    };
+    assert_eq!(s.on_marker(1, 100, &nack), Applied::Nacked);
+    // A keep-alive racing behind the nack must not undo it.
+    let keep = Marker::KeepAlive {
+        source: src(1),
+        timeout_ms: 60_000,
+    };
+    s.on_marker(2, 150, &keep);
+    let due = s.expired(300, 10);
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].cause, Cause::Nacked);
+    assert_eq!(due[0].attempt, 2);
+}
+
+#[test]
+fn reject_is_due_at_once_with_its_reason() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &start(1, 30_000, 1));
+    let reject = Marker::Reject {
+        source: src(1),
+        reason: "schema mismatch".into(),
+    };
+    assert_eq!(s.on_marker(1, 100, &reject), Applied::Rejected);
+    let due = s.expired(100, 10);
+    assert_eq!(due[0].cause, Cause::Rejected("schema mismatch".into()));
+}
+
+#[test]
+fn odd_sequences_are_reported_not_fatal() {
+    let mut s = PartitionState::new();
+    assert_eq!(
+        s.on_marker(0, 0, &Marker::End { source: src(9) }),
+        Applied::Odd(Oddity::EndWithoutStart)
+    );
+    let keep = Marker::KeepAlive {
+        source: src(9),
+        timeout_ms: 1,
+    };
+    assert_eq!(
+        s.on_marker(1, 0, &keep),
+        Applied::Odd(Oddity::SettleWithoutStart)
+    );
+    s.on_marker(2, 0, &start(9, 10, 1));
+    s.expired(10, 10);
+    assert_eq!(
+        s.on_marker(3, 20, &start(9, 10, 1)),
+        Applied::Odd(Oddity::LateForRedelivery)
+    );
+    assert_eq!(
+        s.on_marker(4, 20, &keep),
+        Applied::Odd(Oddity::LateForRedelivery)
+    );
+    assert_eq!(
+        s.on_marker(5, 0, &Marker::Tick { nonce: 7 }),
+        Applied::Tick(7)
+    );
+}
+
+#[test]
+fn duplicate_start_keeps_the_first_offset_for_commits() {
+    let mut s = PartitionState::new();
+    s.on_marker(10, 0, &start(1, 100, 1));
+    assert_eq!(s.on_marker(20, 50, &start(1, 100, 1)), Applied::Restarted);
+    assert_eq!(s.summary(21, 60).commit_offset, 10);
+    // The refreshed deadline wins; the old one is stale.
+    assert!(s.expired(120, 10).is_empty());
+    assert_eq!(s.expired(150, 10).len(), 1);
+}
+
+#[test]
+fn commit_offset_is_the_oldest_start_in_flight() {
+    let mut s = PartitionState::new();
+    assert_eq!(s.summary(0, 0).commit_offset, 0);
+    s.on_marker(3, 0, &start(1, 100, 1));
+    s.on_marker(4, 2_000, &start(2, 100, 1));
+    s.on_marker(5, 2_000, &Marker::End { source: src(1) });
+    let summary = s.summary(6, 3_000);
+    assert_eq!(summary.commit_offset, 4);
+    assert_eq!(summary.in_flight, 1);
+    assert_eq!(summary.oldest_age_ms, 1_000);
+    s.on_marker(6, 3_000, &Marker::End { source: src(2) });
+    assert_eq!(s.summary(7, 3_000).commit_offset, 7);
+}
+
+#[test]
+fn stale_heap_entries_are_swept() {
+    let mut s = PartitionState::new();
+    for i in 0..10_000 {
+        s.on_marker(2 * i, 0, &start(i, 1_000, 1));
+        s.on_marker(2 * i + 1, 0, &Marker::End { source: src(i) });
+    }
+    assert_eq!(s.in_flight(), 0);
+    assert!(
+        s.deadlines.len() <= 1024 + 1,
+        "heap holds {} stale entries",
+        s.deadlines.len()
+    );
+}
+
+#[test]
+fn expired_respects_its_limit_and_deadline_order() {
+    let mut s = PartitionState::new();
+    for i in 0..5 {
+        s.on_marker(i, 0, &start(i, (50 - i * 10) as u32, 1));
+    }
+    let first = s.expired(100, 2);
+    assert_eq!(
+        first.iter().map(|e| e.source.offset).collect::<Vec<_>>(),
+        vec![4, 3]
+    );
+    assert_eq!(s.expired(100, 10).len(), 3);
+}
