@@ -1,1 +1,5 @@
-fn main() {}
+//! The `redelivery-tracker` binary: see `redelivery-tracker --help`.
+
+fn main() -> std::process::ExitCode {
+    kafka_redelivery::cli::main()
+}

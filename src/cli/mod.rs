@@ -1,1 +1,149 @@
-//! The command line.
+//! The `redelivery-tracker` command line: argument parsing, the admin server, topic
+//! management and the demo. Compiled only with the `cli` feature.
+
+pub mod admin;
+pub mod args;
+pub mod demo;
+pub mod logging;
+pub mod topics;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::tracker::{Tracker, TrackerConfig};
+use args::{Cli, Command, RunArgs, TopicsCommand};
+
+/// Exit code for a bad flag or environment variable (BSD `EX_USAGE`).
+pub const EX_USAGE: u8 = 64;
+/// Exit code when the Kafka side is set up wrongly, e.g. a missing markers topic (`EX_CONFIG`).
+pub const EX_CONFIG: u8 = 78;
+
+/// Parses the arguments and runs the command. Bad arguments print one line naming the flag and
+/// exit with [`EX_USAGE`].
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let line = rendered
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!("{line}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(dispatch(cli.command))
+}
+
+async fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Run(args) => run(args).await,
+        Command::Topics {
+            command: TopicsCommand::Create(args),
+        } => {
+            logging::init(args::LogFormat::Pretty);
+            match topics::create(&args).await {
+                Ok(report) => {
+                    for line in report {
+                        println!("{line}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Demo(args) => demo::run(args).await,
+    }
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    logging::init(args.log_format);
+    match topics::check_markers(&args.kafka, args.min_retention).await {
+        Err(e) => {
+            tracing::error!(error = %e, "markers topic check failed");
+            eprintln!("error: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+        Ok(problems) => {
+            for p in &problems {
+                tracing::warn!(fatal = p.fatal, "{}", p.message);
+            }
+            if let Some(p) = problems.iter().find(|p| p.fatal || args.strict_topic_check) {
+                eprintln!("error: refusing to start: {}", p.message);
+                return ExitCode::from(EX_CONFIG);
+            }
+        }
+    }
+    let config = TrackerConfig {
+        group_id: args.group_id,
+        max_deliveries: args.max_deliveries,
+        dlq_topic: args.kafka.dlq_topic.clone(),
+        commit_interval: args.commit_interval,
+        rdkafka: args.kafka.rdkafka.clone(),
+        ..TrackerConfig::new(args.kafka.brokers.clone(), args.kafka.markers_topic.clone())
+    };
+    let tracker = Tracker::new(config);
+    let state = admin::AdminState {
+        metrics: tracker.metrics(),
+        ready: tracker.readiness(),
+    };
+    let admin_task = match admin::serve(args.admin_listen, state).await {
+        Ok((_, task)) => task,
+        Err(e) => {
+            eprintln!("error: --admin-listen {}: {e}", args.admin_listen);
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    let result = tracker.run(shutdown_signal()).await;
+    admin_task.abort();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "tracker failed");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT received"),
+        _ = term => tracing::info!("SIGTERM received"),
+    }
+}

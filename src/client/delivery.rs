@@ -180,6 +180,14 @@ impl Delivery {
         self.keep_alive = Some(task.abort_handle());
     }
 
+    /// Gives up on this delivery without telling the tracker: no marker is written, and the
+    /// record is redelivered when its timeout passes, exactly as if this process had hung. It
+    /// frees the delivery's place under the unsettled bound. Prefer [`nack`](Self::nack); this
+    /// exists for workers that must not block on Kafka (and for fault tests).
+    pub fn abandon(mut self) {
+        self.finish();
+    }
+
     async fn settle(&mut self, marker: Marker, name: &'static str) -> Result<(), ClientError> {
         self.finish();
         self.settler.write(&marker, name).await

@@ -215,7 +215,7 @@ impl Metrics {
 
     /// A copy reached its source topic.
     pub fn redelivered(&self, source: &SourceRef, cause: &str, attempt: u32) {
-        tracing::info!(%source, cause, attempt, "redelivered");
+        tracing::debug!(%source, cause, attempt, "redelivered");
         self.redelivered
             .with_label_values(&[&source.topic, cause])
             .inc();

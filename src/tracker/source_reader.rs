@@ -36,9 +36,27 @@ pub enum ReadError {
     Kafka(#[from] KafkaError),
 }
 
+/// Keeps librdkafka's "end of partition" notices, which this reader asks for and handles
+/// itself, out of the error log.
+struct ReaderContext;
+
+impl rdkafka::ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error, KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF)
+        {
+            tracing::trace!(%error, reason, "source reader reached the end of a partition");
+        } else {
+            tracing::warn!(%error, reason, "source reader error");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
 /// A group-less consumer used only to fetch records by offset.
 pub struct SourceReader {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<ReaderContext>,
     timeout: Duration,
 }
 
@@ -60,7 +78,7 @@ impl SourceReader {
                 ("fetch.wait.max.ms", "10"),
                 ("isolation.level", "read_committed"),
             ])
-            .create()
+            .create_with_context(ReaderContext)
             .map_err(TrackerError::kafka("creating the source reader"))?;
         Ok(SourceReader {
             consumer,

@@ -1,0 +1,180 @@
+//! Command-line arguments. Every flag also reads an environment variable (`REDELIVERY_*`),
+//! durations are humantime ("30s", "7d"), and `-X key=value` passes settings to librdkafka.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Individual acks and timeout redelivery on top of plain Kafka.
+#[derive(Debug, Parser)]
+#[command(name = "redelivery-tracker", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the RedeliveryTracker until SIGINT or SIGTERM.
+    Run(RunArgs),
+    /// Manage the markers and dead-letter topics.
+    Topics {
+        /// What to do with them.
+        #[command(subcommand)]
+        command: TopicsCommand,
+    },
+    /// Run producer, worker and tracker on an in-process mock Kafka cluster; no broker needed.
+    Demo(DemoArgs),
+}
+
+/// `topics` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum TopicsCommand {
+    /// Create the markers topic (and dead-letter topics) with the settings the tracker needs.
+    Create(TopicsArgs),
+}
+
+/// Connection settings shared by every command that talks to Kafka.
+#[derive(Debug, Clone, Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "REDELIVERY_BROKERS", default_value = "localhost:9092")]
+    pub brokers: String,
+    /// The markers topic.
+    #[arg(long, env = "REDELIVERY_MARKERS_TOPIC")]
+    pub markers_topic: String,
+    /// Dead-letter topic name; `{topic}` stands for the source topic.
+    #[arg(long, env = "REDELIVERY_DLQ_TOPIC", default_value = "{topic}.dlq")]
+    pub dlq_topic: String,
+    /// librdkafka setting passed through as is (repeatable), e.g. `-X security.protocol=ssl`.
+    /// In the environment, separate several with `;`.
+    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_key_value,
+          env = "REDELIVERY_RDKAFKA", value_delimiter = ';')]
+    pub rdkafka: Vec<(String, String)>,
+}
+
+/// `run` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Kafka connection.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Consumer group shared by all tracker replicas.
+    #[arg(
+        long,
+        env = "REDELIVERY_GROUP_ID",
+        default_value = "redelivery-tracker"
+    )]
+    pub group_id: String,
+    /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
+    #[arg(long, env = "REDELIVERY_ADMIN_LISTEN", default_value = "0.0.0.0:9464")]
+    pub admin_listen: SocketAddr,
+    /// Deliveries allowed per record before it goes to the dead-letter topic.
+    #[arg(long, env = "REDELIVERY_MAX_DELIVERIES", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_deliveries: u32,
+    /// How often to commit markers offsets.
+    #[arg(long, env = "REDELIVERY_COMMIT_INTERVAL", default_value = "1s", value_parser = parse_duration)]
+    pub commit_interval: Duration,
+    /// Refuse to start (instead of warning) when the markers topic has the wrong settings.
+    #[arg(long, env = "REDELIVERY_STRICT_TOPIC_CHECK")]
+    pub strict_topic_check: bool,
+    /// Shortest markers retention accepted without a warning.
+    #[arg(long, env = "REDELIVERY_MIN_RETENTION", default_value = "1d", value_parser = parse_duration)]
+    pub min_retention: Duration,
+    /// Log format.
+    #[arg(long, env = "REDELIVERY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+}
+
+/// `topics create` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct TopicsArgs {
+    /// Kafka connection.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Partitions of the markers topic. Fixed for good: it decides where each source's markers go.
+    #[arg(long, env = "REDELIVERY_MARKERS_PARTITIONS", default_value_t = 8,
+          value_parser = clap::value_parser!(i32).range(1..))]
+    pub partitions: i32,
+    /// Replication factor of the created topics (-1: the broker's default).
+    #[arg(long, env = "REDELIVERY_REPLICATION_FACTOR", default_value_t = -1, allow_negative_numbers = true)]
+    pub replication_factor: i32,
+    /// Retention of the markers topic: longer than the longest processing time and delay.
+    #[arg(long, env = "REDELIVERY_MARKERS_RETENTION", default_value = "7d", value_parser = parse_duration)]
+    pub retention: Duration,
+    /// Source topics whose dead-letter topics to create too (repeatable or comma-separated).
+    #[arg(
+        long = "source-topic",
+        env = "REDELIVERY_SOURCE_TOPICS",
+        value_delimiter = ','
+    )]
+    pub source_topics: Vec<String>,
+}
+
+/// `demo` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Records to produce.
+    #[arg(long, default_value_t = 2_000)]
+    pub messages: usize,
+    /// Share of records the worker fails (0.0 to 1.0) by rejecting, nacking or abandoning them.
+    #[arg(long, default_value_t = 0.2, value_parser = parse_fraction)]
+    pub fail_rate: f64,
+    /// Print a JSON summary as the last line.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up waiting for every record to settle after this long.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub deadline: Duration,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Parses `key=value`.
+pub fn parse_key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got `{s}`")),
+    }
+}
+
+/// Parses a humantime duration such as `30s` or `1h 30m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration like 30s or 5m: {e}"))
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("`{s}` is not a number between 0 and 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_values_split_at_the_first_equals() {
+        assert_eq!(parse_key_value("a=b=c"), Ok(("a".into(), "b=c".into())));
+        assert!(parse_key_value("novalue").is_err());
+        assert!(parse_key_value("=x").is_err());
+    }
+
+    #[test]
+    fn durations_are_humantime() {
+        assert_eq!(parse_duration("1m 30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("soon").is_err());
+    }
+}
