@@ -47,6 +47,7 @@ use settler::Settler;
 /// tracker, that each record is acked, dead-lettered, or redelivered.
 pub struct RedeliveryConsumer {
     deliveries: mpsc::Receiver<Delivery>,
+    auto_keep_alive: bool,
     settler: Arc<Settler>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -78,6 +79,7 @@ impl RedeliveryConsumer {
             partitions,
         ));
         let (tx, rx) = mpsc::channel(config.max_unsettled.max(1));
+        let auto_keep_alive = config.auto_keep_alive;
         let stop = Arc::new(AtomicBool::new(false));
         let poller = Poller {
             consumer,
@@ -92,6 +94,7 @@ impl RedeliveryConsumer {
             .map_err(ClientError::Thread)?;
         Ok(RedeliveryConsumer {
             deliveries: rx,
+            auto_keep_alive,
             settler,
             stop,
             thread: Some(thread),
@@ -100,7 +103,12 @@ impl RedeliveryConsumer {
 
     /// The next delivery, or `None` once the consumer has stopped.
     pub async fn recv(&mut self) -> Option<Delivery> {
-        self.deliveries.recv().await
+        let mut d = self.deliveries.recv().await?;
+        if self.auto_keep_alive {
+            // Started here, on the application's runtime; the poll thread has none.
+            d.auto_keep_alive();
+        }
+        Some(d)
     }
 
     /// The next delivery if one arrives within `timeout`.

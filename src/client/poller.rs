@@ -210,7 +210,7 @@ impl Poller {
     fn delivery(&self, p: Polled) -> Delivery {
         let source = source_of(&p.message);
         let original = original_of(&p.headers);
-        let mut d = Delivery {
+        Delivery {
             timestamp_ms: p.message.timestamp().to_millis(),
             key: p.message.key().map(<[u8]>::to_vec),
             payload: p.message.payload().map(<[u8]>::to_vec),
@@ -222,11 +222,7 @@ impl Poller {
             settler: self.settler.clone(),
             settled: false,
             keep_alive: None,
-        };
-        if self.config.auto_keep_alive {
-            d.auto_keep_alive();
         }
-        d
     }
 }
 

@@ -91,6 +91,8 @@ impl Tracker {
 
         let stop_consumer = Arc::new(AtomicBool::new(false));
         let stop_worker = Arc::new(AtomicBool::new(false));
+        // If this future is dropped instead of being told to stop, the threads must still end.
+        let _guard = StopOnDrop(vec![stop_consumer.clone(), stop_worker.clone()]);
         let queued = Arc::new(AtomicUsize::new(0));
         let (jobs, job_rx) = mpsc::sync_channel(MAX_QUEUED_JOBS);
         let worker = Redeliverer::new(
@@ -140,5 +142,16 @@ impl Tracker {
         result.map_err(|e| TrackerError::Thread(e.to_string()))?;
         tracing::info!("tracker stopped");
         Ok(())
+    }
+}
+
+/// Sets every flag when dropped, so the tracker's threads end even if `run` is cancelled.
+struct StopOnDrop(Vec<Arc<AtomicBool>>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        for flag in &self.0 {
+            flag.store(true, Ordering::Relaxed);
+        }
     }
 }

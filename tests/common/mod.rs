@@ -1,0 +1,418 @@
+//! Helpers for tests against the real Apache Kafka broker that `scripts/kafka` runs.
+//!
+//! Every test gets fresh topics and groups with random names, so tests run in parallel on one
+//! broker and never see each other's records. There is no skipping: if the broker cannot be
+//! started, the test fails.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use kafka_redelivery::tracker::{Metrics, Tracker, TrackerConfig};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+
+/// The broker's bootstrap address; starts the broker on first use.
+pub fn brokers() -> String {
+    static ADDR: OnceLock<String> = OnceLock::new();
+    ADDR.get_or_init(|| {
+        if let Ok(addr) = std::env::var("KAFKA_BOOTSTRAP") {
+            return addr;
+        }
+        let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka"))
+            .arg("start")
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("scripts/kafka could not be run");
+        assert!(
+            out.status.success(),
+            "scripts/kafka start failed; a real broker is required"
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .last()
+            .expect("scripts/kafka printed no address")
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
+/// A name no other test uses.
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", rand::random::<u64>())
+}
+
+fn admin() -> AdminClient<DefaultClientContext> {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap()
+}
+
+/// Creates a topic and waits until its metadata is visible.
+pub async fn create_topic(name: &str, partitions: i32, config: &[(&str, &str)]) {
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        topic = topic.set(k, v);
+    }
+    let result = admin()
+        .create_topics(&[topic], &AdminOptions::new())
+        .await
+        .unwrap();
+    result.into_iter().next().unwrap().expect("topic created");
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let md = probe.fetch_metadata(Some(name), Duration::from_secs(5));
+        if let Ok(md) = md {
+            if md.topics().iter().any(|t| {
+                t.name() == name
+                    && t.error().is_none()
+                    && t.partitions().len() == partitions as usize
+            }) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "topic {name} never appeared");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deletes a topic.
+pub async fn delete_topic(name: &str) {
+    let r = admin()
+        .delete_topics(&[name], &AdminOptions::new())
+        .await
+        .unwrap();
+    r.into_iter().next().unwrap().expect("topic deleted");
+}
+
+/// Source, markers and dead-letter topics for one test.
+pub struct Topics {
+    pub source: String,
+    pub markers: String,
+    pub dlq: String,
+}
+
+/// Creates a source topic, a markers topic (LogAppendTime) and its dead-letter topic.
+pub async fn topics(source_partitions: i32, markers_partitions: i32) -> Topics {
+    let source = unique("src");
+    let markers = format!("{source}.markers");
+    let dlq = format!("{source}.dlq");
+    create_topic(&source, source_partitions, &[]).await;
+    create_topic(
+        &markers,
+        markers_partitions,
+        &[("message.timestamp.type", "LogAppendTime")],
+    )
+    .await;
+    create_topic(&dlq, 1, &[]).await;
+    Topics {
+        source,
+        markers,
+        dlq,
+    }
+}
+
+pub fn producer() -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap()
+}
+
+/// Produces one record with a key, a payload and headers; returns (partition, offset).
+pub async fn produce(
+    topic: &str,
+    partition: Option<i32>,
+    key: &str,
+    payload: &[u8],
+    headers: &[(&str, &str)],
+) -> (i32, i64) {
+    let mut h = OwnedHeaders::new();
+    for (k, v) in headers {
+        h = h.insert(Header {
+            key: k,
+            value: Some(v.as_bytes()),
+        });
+    }
+    let mut record = FutureRecord::to(topic).key(key).payload(payload).headers(h);
+    if let Some(p) = partition {
+        record = record.partition(p);
+    }
+    let d = producer()
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    (d.partition, d.offset)
+}
+
+/// Produces `n` records keyed `{prefix}-{i}` round-robin over `partitions`.
+pub async fn produce_many(topic: &str, partitions: i32, prefix: &str, n: usize) {
+    let p = producer();
+    let futures = (0..n).map(|i| {
+        let key = format!("{prefix}-{i}");
+        let p = &p;
+        async move {
+            p.send(
+                FutureRecord::to(topic)
+                    .key(&key)
+                    .payload(key.as_bytes())
+                    .partition((i as i32) % partitions),
+                Duration::from_secs(10),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        }
+    });
+    futures::future::join_all(futures).await;
+}
+
+/// Reads `topic` from the start until `n` records arrived or `timeout` passed.
+pub fn read(topic: &str, n: usize, timeout: Duration) -> Vec<OwnedMessage> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .set("group.id", unique("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    c.subscribe(&[topic]).unwrap();
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    while out.len() < n && Instant::now() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+            out.push(m.detach());
+        }
+    }
+    out
+}
+
+/// Value of header `name` as text.
+pub fn header(m: &OwnedMessage, name: &str) -> Option<String> {
+    use rdkafka::message::Headers;
+    let h = m.headers()?;
+    h.iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+}
+
+/// A tracker running inside the test process.
+pub struct TrackerGuard {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    pub metrics: Metrics,
+    pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl TrackerGuard {
+    pub fn start(config: TrackerConfig) -> Self {
+        let tracker = Tracker::new(config);
+        let metrics = tracker.metrics();
+        let ready = tracker.readiness();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            tracker
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("tracker ran");
+        });
+        TrackerGuard {
+            stop: Some(stop),
+            task: Some(task),
+            metrics,
+            ready,
+        }
+    }
+
+    /// Waits until the tracker reports ready.
+    pub async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.ready.load(std::sync::atomic::Ordering::Relaxed) {
+            assert!(Instant::now() < deadline, "tracker never became ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.unwrap();
+        }
+    }
+
+    /// Waits until `series` reaches `value` (metrics move just after the Kafka writes they
+    /// count, so a test that saw the write may look a moment too early).
+    pub async fn wait_metric(&self, series: &str, value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.metric(series) != value {
+            assert!(
+                Instant::now() < deadline,
+                "{series} is {}, expected {value}",
+                self.metric(series)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sum of all series of a metric family.
+    pub fn metric_sum(&self, name: &str) -> f64 {
+        metric_sum(&self.metrics.render(), name)
+    }
+
+    /// Value of a metric sample in Prometheus text, matched by its full name with labels.
+    pub fn metric(&self, series: &str) -> f64 {
+        metric_value(&self.metrics.render(), series)
+    }
+}
+
+/// The sum of every series of metric family `name` (all label sets); 0 when it has none.
+pub fn metric_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.chars().next()? {
+                '{' => rest.rsplit_once('}')?.1,
+                ' ' => rest,
+                _ => return None,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// The value of `series` (e.g. `redelivery_marker_errors_total{kind="empty"}`) in a Prometheus
+/// text exposition; 0 when absent.
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// A tracker config for tests: fast commits, the given max deliveries.
+pub fn tracker_config(t: &Topics, max_deliveries: u32) -> TrackerConfig {
+    TrackerConfig {
+        group_id: unique("tracker"),
+        max_deliveries,
+        commit_interval: Duration::from_millis(200),
+        ..TrackerConfig::new(brokers(), &t.markers)
+    }
+}
+
+/// Path of a binary built by cargo for these tests.
+pub fn tracker_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_redelivery-tracker")
+}
+
+/// Path of an example binary (cargo builds examples before integration tests).
+pub fn example_bin(name: &str) -> std::path::PathBuf {
+    let mut p = std::path::PathBuf::from(tracker_bin());
+    p.pop();
+    p.push("examples");
+    p.push(name);
+    assert!(p.exists(), "example {name} not built at {}", p.display());
+    p
+}
+
+/// Starts the tracker binary with an admin port; returns the child and the admin address.
+pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (Child, String) {
+    let port = free_port();
+    let admin = format!("127.0.0.1:{port}");
+    let child = Command::new(tracker_bin())
+        .args([
+            "run",
+            "--brokers",
+            &brokers(),
+            "--markers-topic",
+            &t.markers,
+            "--group-id",
+            group,
+        ])
+        .args([
+            "--admin-listen",
+            &admin,
+            "--max-deliveries",
+            &max_deliveries.to_string(),
+        ])
+        .args(["--commit-interval", "200ms"])
+        .env("RUST_LOG", "info,kafka_redelivery=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(log_file(group)))
+        .spawn()
+        .expect("tracker binary started");
+    (child, admin)
+}
+
+fn log_file(name: &str) -> std::fs::File {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::File::create(dir.join(format!("{name}-{}.log", rand::random::<u32>()))).unwrap()
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GETs `path` from an admin server; returns (status, body).
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split(' ').nth(1)?.parse().ok()?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// Waits until the tracker process at `admin` answers /readyz with 200.
+pub async fn wait_ready_http(admin: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some((200, _)) = http_get(admin, "/readyz") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tracker at {admin} never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Collects, per key, the attempts seen.
+pub type Seen = HashMap<String, Vec<u32>>;

@@ -1,0 +1,292 @@
+//! Settling deliveries on a real broker: ack, timeout, keep-alive, nack, reject, max deliveries.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+use kafka_redelivery::headers;
+use kafka_redelivery::marker::SourceRef;
+
+fn consumer(t: &Topics, timeout: Duration) -> RedeliveryConsumer {
+    RedeliveryConsumer::new(
+        ConsumerConfig::new(
+            brokers(),
+            unique("group"),
+            [t.source.as_str()],
+            t.markers.as_str(),
+        )
+        .timeout(timeout),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_records_are_never_redelivered() {
+    let t = topics(2, 2).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = consumer(&t, Duration::from_secs(1));
+    produce_many(&t.source, 2, "ack", 20).await;
+    let mut keys = Vec::new();
+    for _ in 0..20 {
+        let d = c
+            .recv_timeout(Duration::from_secs(60))
+            .await
+            .expect("delivery");
+        assert_eq!(d.attempt(), 1);
+        keys.push(d.key().map(<[u8]>::to_vec));
+        d.ack().await.unwrap();
+    }
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 20);
+    tracker.wait_ready().await;
+    // Three timeouts later nothing has come back, and the tracker holds nothing.
+    assert!(
+        c.recv_timeout(Duration::from_secs(3)).await.is_none(),
+        "an acked record came back"
+    );
+    assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 0.0);
+    assert_eq!(
+        tracker.metric("redelivery_markers_total{type=\"start\"}"),
+        20.0
+    );
+    assert_eq!(
+        tracker.metric("redelivery_markers_total{type=\"end\"}"),
+        20.0
+    );
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsettled_record_is_redelivered_intact_with_the_next_attempt() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = consumer(&t, Duration::from_secs(30));
+    let (p, o) = produce(
+        &t.source,
+        None,
+        "k1",
+        b"payload-1",
+        &[("trace", "abc"), (headers::TIMEOUT_MS, "700")],
+    )
+    .await;
+
+    let first = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("first delivery");
+    assert_eq!(first.attempt(), 1);
+    assert_eq!(first.original(), None);
+    assert_eq!(
+        first.timeout(),
+        Duration::from_millis(700),
+        "kr-timeout-ms overrides the default"
+    );
+    first.abandon();
+
+    let second = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("redelivery");
+    assert_eq!(second.attempt(), 2);
+    assert_eq!(second.key(), Some(&b"k1"[..]));
+    assert_eq!(second.payload(), Some(&b"payload-1"[..]));
+    assert_eq!(headers::text(second.headers(), "trace"), Some("abc"));
+    assert_eq!(headers::text(second.headers(), headers::ATTEMPT), Some("2"));
+    assert_eq!(
+        second.original(),
+        Some(&SourceRef::new(t.source.clone(), p, o))
+    );
+    assert_eq!(
+        second.partition(),
+        p,
+        "copies go back to the same partition"
+    );
+    assert!(second.offset() > o);
+    second.ack().await.unwrap();
+    assert!(c.recv_timeout(Duration::from_secs(2)).await.is_none());
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_holds_a_delivery_past_its_timeout() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = consumer(&t, Duration::from_secs(1));
+    produce(&t.source, None, "k", b"v", &[]).await;
+    let d = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("delivery");
+    tracker.wait_ready().await;
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(4) {
+        d.keep_alive().await.unwrap();
+        assert!(
+            c.recv_timeout(Duration::from_millis(300)).await.is_none(),
+            "redelivered while kept alive"
+        );
+    }
+    d.ack().await.unwrap();
+    assert!(c.recv_timeout(Duration::from_secs(2)).await.is_none());
+    assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 0.0);
+    assert!(tracker.metric("redelivery_markers_total{type=\"keep_alive\"}") >= 4.0);
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_keep_alive_holds_a_delivery_while_the_handle_lives() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = RedeliveryConsumer::new(
+        ConsumerConfig::new(
+            brokers(),
+            unique("group"),
+            [t.source.as_str()],
+            t.markers.as_str(),
+        )
+        .timeout(Duration::from_secs(1))
+        .auto_keep_alive(true),
+    )
+    .unwrap();
+    produce(&t.source, None, "k", b"v", &[]).await;
+    let d = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("delivery");
+    tracker.wait_ready().await;
+    assert!(
+        c.recv_timeout(Duration::from_secs(4)).await.is_none(),
+        "redelivered while kept alive"
+    );
+    d.ack().await.unwrap();
+    assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 0.0);
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_redelivers_after_the_delay() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = consumer(&t, Duration::from_secs(60));
+    produce(&t.source, None, "k", b"v", &[]).await;
+    let d = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("delivery");
+    tracker.wait_ready().await;
+    let delay = Duration::from_secs(2);
+    let nacked_at = Instant::now();
+    d.nack(delay).await.unwrap();
+    let again = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("redelivery after nack");
+    // Correctness, not speed: the copy must not come before the delay the application asked
+    // for (the deadline is counted from the Nack marker, appended after `nacked_at`).
+    assert!(
+        nacked_at.elapsed() >= delay - Duration::from_millis(20),
+        "redelivered early: {:?}",
+        nacked_at.elapsed()
+    );
+    assert_eq!(again.attempt(), 2);
+    again.ack().await.unwrap();
+    let series = format!(
+        "redelivery_redelivered_total{{cause=\"nacked\",topic=\"{}\"}}",
+        t.source
+    );
+    tracker.wait_metric(&series, 1.0).await;
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_delivery_is_released_at_once() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = consumer(&t, Duration::from_secs(600));
+    produce(&t.source, None, "k", b"v", &[]).await;
+    let d = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("delivery");
+    tracker.wait_ready().await;
+    drop(d);
+    // With a ten-minute timeout, only the release marker can bring it back this soon.
+    let again = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("released delivery comes back");
+    assert_eq!(again.attempt(), 2);
+    again.ack().await.unwrap();
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_sends_the_record_to_the_dead_letter_topic_with_its_reason() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = consumer(&t, Duration::from_secs(60));
+    let (p, o) = produce(&t.source, None, "bad", b"{not json", &[("trace", "t1")]).await;
+    let d = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("delivery");
+    d.reject("cannot parse JSON").await.unwrap();
+    let dlq = read(&t.dlq, 1, Duration::from_secs(60));
+    assert_eq!(dlq.len(), 1, "one record dead-lettered");
+    let m = &dlq[0];
+    use rdkafka::message::Message;
+    assert_eq!(m.key(), Some(&b"bad"[..]));
+    assert_eq!(m.payload(), Some(&b"{not json"[..]));
+    assert_eq!(header(m, "trace").as_deref(), Some("t1"));
+    assert_eq!(header(m, headers::DLQ_REASON).as_deref(), Some("rejected"));
+    assert_eq!(
+        header(m, headers::DLQ_DETAIL).as_deref(),
+        Some("cannot parse JSON")
+    );
+    assert_eq!(header(m, headers::ORIGINAL_OFFSET), Some(o.to_string()));
+    assert_eq!(header(m, headers::ORIGINAL_PARTITION), Some(p.to_string()));
+    assert!(
+        c.recv_timeout(Duration::from_secs(2)).await.is_none(),
+        "a rejected record is not redelivered"
+    );
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_deliveries_ends_in_the_dead_letter_topic() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 3));
+    let mut c = consumer(&t, Duration::from_millis(500));
+    produce(&t.source, None, "doomed", b"v", &[]).await;
+    let mut attempts = Vec::new();
+    while attempts.len() < 3 {
+        let d = c
+            .recv_timeout(Duration::from_secs(60))
+            .await
+            .expect("delivery");
+        attempts.push(d.attempt());
+        d.abandon();
+    }
+    assert_eq!(attempts, vec![1, 2, 3]);
+    let dlq = read(&t.dlq, 1, Duration::from_secs(60));
+    assert_eq!(dlq.len(), 1);
+    assert_eq!(
+        header(&dlq[0], headers::DLQ_REASON).as_deref(),
+        Some("max-deliveries")
+    );
+    assert_eq!(header(&dlq[0], headers::ATTEMPT).as_deref(), Some("3"));
+    assert!(
+        c.recv_timeout(Duration::from_secs(2)).await.is_none(),
+        "no fourth delivery"
+    );
+    let series = format!(
+        "redelivery_dead_lettered_total{{reason=\"max-deliveries\",topic=\"{}\"}}",
+        t.source
+    );
+    tracker.wait_metric(&series, 1.0).await;
+    tracker.stop().await;
+}
