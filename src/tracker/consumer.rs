@@ -124,16 +124,6 @@ impl ConsumerContext for TrackerContext {
             }
         }
     }
-
-    fn commit_callback(&self, result: KafkaResult<()>, _offsets: &TopicPartitionList) {
-        if result.is_err() {
-            // Forget what we thought was committed, so the next interval tries again.
-            for p in self.lock().partitions.values_mut() {
-                p.committed = None;
-            }
-        }
-        self.metrics.commit(&result);
-    }
 }
 
 fn random_nonce() -> u64 {
@@ -324,9 +314,17 @@ impl MarkersLoop {
         self.metrics.readiness(all_ready, owned.partitions.len());
         drop(owned);
         if tpl.count() > 0 {
-            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
-                self.metrics.commit(&Err(e));
+            // Synchronous, so success and failure are both seen and counted (librdkafka does not
+            // report async commit results to a BaseConsumer without a commit callback queue).
+            // One round trip per interval, off the per-marker path.
+            let result = self.consumer.commit(&tpl, CommitMode::Sync);
+            if result.is_err() {
+                // Try every partition again on the next interval.
+                for p in self.consumer.context().lock().partitions.values_mut() {
+                    p.committed = None;
+                }
             }
+            self.metrics.commit(&result);
         }
     }
 }

@@ -1,0 +1,162 @@
+//! A worker built on the client library, with switches to misbehave on purpose.
+//!
+//! ```text
+//! cargo run --example worker -- --brokers 127.0.0.1:39092 --topic orders \
+//!     --markers-topic orders.markers --unsettled-rate 0.1 --nack-rate 0.05 --reject-rate 0.01
+//! ```
+//!
+//! It writes one JSON line per settled delivery to stdout:
+//! `{"topic":..,"partition":..,"offset":..,"attempt":..,"key":..,"outcome":"ack"}` where outcome
+//! is `ack`, `nack`, `reject` or `unsettled` (abandoned, left to time out). With
+//! `--log-received` it also writes a line with outcome `received` when a delivery arrives.
+//! `--crash-after N` aborts the process after N deliveries, with deliveries in hand.
+
+use std::io::Write;
+use std::time::Duration;
+
+use clap::Parser;
+use kafka_redelivery::client::{ConsumerConfig, Delivery, RedeliveryConsumer};
+use rand::Rng;
+
+#[derive(Parser)]
+struct Args {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "REDELIVERY_BROKERS", default_value = "localhost:9092")]
+    brokers: String,
+    /// Source topic (repeatable).
+    #[arg(long, required = true)]
+    topic: Vec<String>,
+    /// Markers topic.
+    #[arg(long)]
+    markers_topic: String,
+    /// Consumer group.
+    #[arg(long, default_value = "example-worker")]
+    group: String,
+    /// Delivery timeout.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Bound on unsettled deliveries.
+    #[arg(long, default_value_t = 100)]
+    max_unsettled: usize,
+    /// Simulated processing time per delivery.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    process_time: Duration,
+    /// Share of deliveries left unsettled (abandoned; redelivered after the timeout).
+    #[arg(long, default_value_t = 0.0)]
+    unsettled_rate: f64,
+    /// Share of deliveries nacked.
+    #[arg(long, default_value_t = 0.0)]
+    nack_rate: f64,
+    /// Delay of those nacks.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    nack_delay: Duration,
+    /// Share of deliveries rejected to the dead-letter topic.
+    #[arg(long, default_value_t = 0.0)]
+    reject_rate: f64,
+    /// Abort the process (no clean-up) after this many deliveries.
+    #[arg(long)]
+    crash_after: Option<u64>,
+    /// Also print a line when a delivery arrives.
+    #[arg(long)]
+    log_received: bool,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let mut consumer = RedeliveryConsumer::new(
+        ConsumerConfig::new(
+            &args.brokers,
+            &args.group,
+            args.topic.clone(),
+            &args.markers_topic,
+        )
+        .timeout(args.timeout)
+        .max_unsettled(args.max_unsettled),
+    )?;
+    let args = std::sync::Arc::new(args);
+    let mut received = 0u64;
+    while let Some(d) = consumer.recv().await {
+        received += 1;
+        if args.log_received {
+            emit(&d, "received");
+        }
+        if args.crash_after.is_some_and(|n| received >= n) {
+            eprintln!("worker: crashing on purpose after {received} deliveries");
+            std::process::abort();
+        }
+        let args = args.clone();
+        tokio::spawn(async move { settle(d, &args).await });
+    }
+    Ok(())
+}
+
+async fn settle(d: Delivery, args: &Args) {
+    tokio::time::sleep(args.process_time).await;
+    let roll: f64 = rand::thread_rng().gen();
+    let (outcome, result) = if roll < args.unsettled_rate {
+        emit(&d, "unsettled");
+        d.abandon();
+        return;
+    } else if roll < args.unsettled_rate + args.nack_rate {
+        (
+            "nack",
+            settle_with(d, |d| async move { d.nack(args.nack_delay).await }).await,
+        )
+    } else if roll < args.unsettled_rate + args.nack_rate + args.reject_rate {
+        (
+            "reject",
+            settle_with(d, |d| async move {
+                d.reject("worker: rejected on purpose").await
+            })
+            .await,
+        )
+    } else {
+        (
+            "ack",
+            settle_with(d, |d| async move { d.ack().await }).await,
+        )
+    };
+    match result {
+        Ok(line) => {
+            print_line(&line.replace("\"outcome\":\"\"", &format!("\"outcome\":\"{outcome}\"")))
+        }
+        Err(e) => eprintln!("worker: settling failed: {e}"),
+    }
+}
+
+/// Settles `d` with `f` and returns its JSON line (outcome filled in by the caller).
+async fn settle_with<F, Fut>(
+    d: Delivery,
+    f: F,
+) -> Result<String, kafka_redelivery::client::ClientError>
+where
+    F: FnOnce(Delivery) -> Fut,
+    Fut: std::future::Future<Output = Result<(), kafka_redelivery::client::ClientError>>,
+{
+    let line = json(&d, "");
+    f(d).await.map(|()| line)
+}
+
+fn json(d: &Delivery, outcome: &str) -> String {
+    serde_json::json!({
+        "topic": d.topic(),
+        "partition": d.partition(),
+        "offset": d.offset(),
+        "attempt": d.attempt(),
+        "key": d.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        "original": d.original().map(|o| o.to_string()),
+        "outcome": outcome,
+    })
+    .to_string()
+}
+
+fn emit(d: &Delivery, outcome: &str) {
+    print_line(&json(d, outcome));
+}
+
+fn print_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
