@@ -30,12 +30,7 @@ pub fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            let rendered = e.render().to_string();
-            let line = rendered
-                .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
-            eprintln!("{line}");
+            eprintln!("{}", one_line(&e.render().to_string()));
             return ExitCode::from(EX_USAGE);
         }
     };
@@ -50,6 +45,22 @@ pub fn main() -> ExitCode {
         }
     };
     runtime.block_on(dispatch(cli.command))
+}
+
+/// Folds clap's multi-line error into one line: the message and what it lists, without the
+/// usage and tips that follow.
+fn one_line(rendered: &str) -> String {
+    let parts: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    if parts.is_empty() {
+        "error: invalid arguments".to_string()
+    } else {
+        parts.join(" ")
+    }
 }
 
 async fn dispatch(command: Command) -> ExitCode {

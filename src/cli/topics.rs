@@ -89,6 +89,16 @@ pub async fn check_markers(
 ) -> Result<Vec<SettingProblem>, TopicsError> {
     let admin = admin(kafka)?;
     let topic = &kafka.markers_topic;
+    // List every topic rather than ask for this one: asking for a missing topic by name can
+    // make a broker with auto-creation create it, with the wrong settings.
+    let metadata = admin
+        .inner()
+        .fetch_metadata(None, Duration::from_secs(30))?;
+    if !metadata.topics().iter().any(|t| t.name() == topic.as_str()) {
+        return Err(TopicsError::Markers(format!(
+            "markers topic `{topic}` does not exist; create it with `redelivery-tracker topics create`"
+        )));
+    }
     let results = admin
         .describe_configs(&[ResourceSpecifier::Topic(topic)], &options())
         .await?;

@@ -1,0 +1,228 @@
+//! The `redelivery-tracker` binary as an operator meets it: flags, topic creation, start-up
+//! checks and the admin endpoints.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
+
+fn tracker(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(tracker_bin());
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn bad_flags_give_one_line_naming_the_flag_and_exit_64() {
+    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+        (
+            vec!["run", "--markers-topic", "m", "--max-deliveries", "0"],
+            vec![],
+            "--max-deliveries",
+        ),
+        (
+            vec!["run", "--markers-topic", "m", "--commit-interval", "soon"],
+            vec![],
+            "--commit-interval",
+        ),
+        (
+            vec!["run", "--markers-topic", "m", "-X", "novalue"],
+            vec![],
+            "-X",
+        ),
+        (
+            vec!["run", "--markers-topic", "m", "--admin-listen", "nowhere"],
+            vec![],
+            "--admin-listen",
+        ),
+        (vec!["run"], vec![], "--markers-topic"),
+        (
+            vec!["run", "--markers-topic", "m"],
+            vec![("REDELIVERY_MAX_DELIVERIES", "many")],
+            "--max-deliveries",
+        ),
+        (
+            vec!["run", "--markers-topic", "m"],
+            vec![("REDELIVERY_LOG_FORMAT", "xml")],
+            "--log-format",
+        ),
+        (vec!["demo", "--fail-rate", "2"], vec![], "--fail-rate"),
+        (vec!["frobnicate"], vec![], "frobnicate"),
+    ];
+    for (args, env, flag) in cases {
+        let out = tracker(&args, &env);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(64), "{args:?} {env:?}: {err}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{args:?}: not one line: {err}"
+        );
+        assert!(err.contains(flag), "{args:?}: {err} does not name {flag}");
+    }
+}
+
+#[test]
+fn help_lists_every_run_flag_with_its_environment_variable() {
+    let out = tracker(&["run", "--help"], &[]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for env in [
+        "REDELIVERY_BROKERS",
+        "REDELIVERY_MARKERS_TOPIC",
+        "REDELIVERY_GROUP_ID",
+        "REDELIVERY_ADMIN_LISTEN",
+        "REDELIVERY_MAX_DELIVERIES",
+        "REDELIVERY_DLQ_TOPIC",
+        "REDELIVERY_LOG_FORMAT",
+        "REDELIVERY_RDKAFKA",
+        "REDELIVERY_COMMIT_INTERVAL",
+    ] {
+        assert!(help.contains(env), "--help does not mention {env}");
+    }
+}
+
+async fn topic_config(topic: &str) -> Vec<(String, String)> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let r = admin
+        .describe_configs(&[ResourceSpecifier::Topic(topic)], &AdminOptions::new())
+        .await
+        .unwrap();
+    let resource = r.into_iter().next().unwrap().unwrap();
+    resource
+        .entries
+        .into_iter()
+        .filter_map(|e| Some((e.name, e.value?)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_create_sets_what_the_tracker_needs() {
+    let source = unique("src");
+    let markers = format!("{source}.markers");
+    let args = [
+        "topics",
+        "create",
+        "--brokers",
+        &brokers(),
+        "--markers-topic",
+        &markers,
+        "--partitions",
+        "3",
+        "--retention",
+        "2d",
+        "--source-topic",
+        &source,
+    ];
+    let out = tracker(&args, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&format!("created {markers}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("created {source}.dlq")),
+        "{stdout}"
+    );
+    let config = topic_config(&markers).await;
+    let get = |k: &str| config.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(
+        get("message.timestamp.type").as_deref(),
+        Some("LogAppendTime")
+    );
+    assert_eq!(get("retention.ms").as_deref(), Some("172800000"));
+    assert_eq!(get("cleanup.policy").as_deref(), Some("delete"));
+    // Running it again changes nothing and says so.
+    let again = tracker(&args, &[]);
+    assert!(again.status.success());
+    assert!(String::from_utf8_lossy(&again.stdout).contains(&format!("exists  {markers}")));
+}
+
+#[test]
+fn run_refuses_a_missing_markers_topic() {
+    let missing = unique("missing");
+    let out = tracker(
+        &[
+            "run",
+            "--brokers",
+            &brokers(),
+            "--markers-topic",
+            &missing,
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(78), "{}", stderr(&out));
+    assert!(stderr(&out).contains(&missing));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_warns_about_create_time_and_refuses_it_when_strict() {
+    let markers = unique("markers-ct");
+    create_topic(&markers, 1, &[("message.timestamp.type", "CreateTime")]).await;
+    let out = tracker(
+        &[
+            "run",
+            "--brokers",
+            &brokers(),
+            "--markers-topic",
+            &markers,
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--strict-topic-check",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(78));
+    assert!(stderr(&out).contains("LogAppendTime"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_answer_and_change_nothing() {
+    let t = topics(1, 1).await;
+    let (mut child, admin) = spawn_tracker(&t, &unique("tracker"), 5);
+    wait_ready_http(&admin).await;
+    assert_eq!(http_get(&admin, "/healthz").unwrap().0, 200);
+    assert_eq!(http_get(&admin, "/nothing").unwrap().0, 404);
+    let (status, body) = http_get(&admin, "/metrics").unwrap();
+    assert_eq!(status, 200);
+    for family in [
+        "redelivery_markers_total",
+        "redelivery_in_flight",
+        "redelivery_oldest_in_flight_age_seconds",
+        "redelivery_ready",
+        "redelivery_deadline_lag_seconds_bucket",
+        "redelivery_commits_total",
+        "redelivery_commit_failures_total",
+    ] {
+        assert!(body.contains(family), "/metrics lacks {family}");
+    }
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&admin).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "POST /readyz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 405"), "{reply}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -1,0 +1,153 @@
+//! Bad input on the markers topic, and source records that are gone.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+use kafka_redelivery::headers;
+use kafka_redelivery::marker::{encode, Marker, SourceRef};
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::FutureRecord;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// Writes a raw value (or a tombstone) to markers partition 0.
+async fn raw(markers: &str, value: Option<&[u8]>) {
+    let mut r = FutureRecord::<(), [u8]>::to(markers).partition(0);
+    if let Some(v) = value {
+        r = r.payload(v);
+    }
+    producer()
+        .send(r, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_unknown_versions_and_tombstones_are_skipped_and_counted() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    tracker.wait_ready().await;
+    raw(&t.markers, Some(b"")).await;
+    raw(&t.markers, None).await;
+    raw(&t.markers, Some(&[0xde, 0xad, 0xbe, 0xef])).await; // version 0xde
+    raw(&t.markers, Some(&[9, 1, 0, 0])).await;
+    raw(&t.markers, Some(&[1, 0x7f])).await;
+    raw(&t.markers, Some(&[1, 1, 0, 6, b'o'])).await;
+    let end_for_nothing = encode(&Marker::End {
+        source: SourceRef::new("nowhere", 0, 1),
+    });
+    raw(&t.markers, Some(&end_for_nothing)).await;
+
+    let expect = [
+        ("empty", 1.0),
+        ("tombstone", 1.0),
+        ("unknown_version", 2.0),
+        ("unknown_type", 1.0),
+        ("truncated", 1.0),
+    ];
+    for (kind, n) in expect {
+        tracker
+            .wait_metric(
+                &format!("redelivery_marker_errors_total{{kind=\"{kind}\"}}"),
+                n,
+            )
+            .await;
+    }
+    tracker
+        .wait_metric(
+            "redelivery_odd_markers_total{kind=\"end_without_start\"}",
+            1.0,
+        )
+        .await;
+    assert!(
+        tracker.ready.load(std::sync::atomic::Ordering::Relaxed),
+        "still ready"
+    );
+
+    // And it still does its job.
+    let mut c = RedeliveryConsumer::new(
+        ConsumerConfig::new(
+            brokers(),
+            unique("g"),
+            [t.source.as_str()],
+            t.markers.as_str(),
+        )
+        .timeout(Duration::from_millis(500)),
+    )
+    .unwrap();
+    produce(&t.source, None, "after-garbage", b"v", &[]).await;
+    c.recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("delivery")
+        .abandon();
+    let again = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("redelivery after garbage");
+    assert_eq!(again.attempt(), 2);
+    again.ack().await.unwrap();
+    tracker.stop().await;
+}
+
+/// A Start marker written by hand, as a client would, for `source`.
+async fn start_for(markers: &str, source: SourceRef, timeout_ms: u32) {
+    let m = Marker::Start {
+        source,
+        timeout_ms,
+        attempt: 1,
+    };
+    raw(markers, Some(&encode(&m))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_removed_by_retention_takes_the_dead_letter_path() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    tracker.wait_ready().await;
+    for i in 0..3 {
+        produce(&t.source, Some(0), &format!("k{i}"), b"v", &[]).await;
+    }
+    // Offsets 0 and 1 are deleted, as retention would; offset 7 was never written.
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers())
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&t.source, 0, Offset::Offset(2))
+        .unwrap();
+    admin
+        .delete_records(&tpl, &AdminOptions::new())
+        .await
+        .unwrap();
+    start_for(&t.markers, SourceRef::new(t.source.clone(), 0, 1), 100).await;
+    start_for(&t.markers, SourceRef::new(t.source.clone(), 0, 7), 100).await;
+
+    let dlq = read(&t.dlq, 2, Duration::from_secs(60));
+    assert_eq!(dlq.len(), 2, "both unreadable records are dead-lettered");
+    let mut offsets = Vec::new();
+    for m in &dlq {
+        assert_eq!(
+            header(m, headers::DLQ_REASON).as_deref(),
+            Some("source-unreadable")
+        );
+        let detail = header(m, headers::DLQ_DETAIL).unwrap();
+        assert!(
+            detail.contains("out of range") || detail.contains("past the end"),
+            "{detail}"
+        );
+        offsets.push(header(m, headers::ORIGINAL_OFFSET).unwrap());
+    }
+    offsets.sort();
+    assert_eq!(offsets, vec!["1", "7"]);
+    let series = format!(
+        "redelivery_dead_lettered_total{{reason=\"source-unreadable\",topic=\"{}\"}}",
+        t.source
+    );
+    tracker.wait_metric(&series, 2.0).await;
+    tracker.stop().await;
+}
