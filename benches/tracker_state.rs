@@ -1,1 +1,111 @@
-fn main() {}
+//! Benchmarks of the tracker's in-memory state (no Kafka): Start+End pairs per second, expiry at
+//! one million in flight, and bytes of memory per in-flight delivery.
+//!
+//! Run: `cargo bench --bench tracker_state`. The memory figure is printed first; it is the growth
+//! of the process's resident set while one million deliveries are tracked, divided by one
+//! million, so it includes the allocator's overhead and the hash map's spare capacity.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use kafka_redelivery::marker::{Marker, SourceRef};
+use kafka_redelivery::tracker::state::PartitionState;
+
+const TOPICS: [&str; 4] = ["orders", "payments", "shipments", "invoices"];
+
+fn source(i: i64) -> SourceRef {
+    SourceRef::new(TOPICS[(i % 4) as usize], (i % 16) as i32, i)
+}
+
+/// Start and End markers for `n` deliveries, interleaved as a busy consumer writes them: each
+/// End follows its Start 100 markers later.
+fn start_end_markers(n: i64) -> Vec<Marker> {
+    let mut out = Vec::with_capacity(2 * n as usize);
+    for i in 0..n {
+        out.push(Marker::Start { source: source(i), timeout_ms: 30_000, attempt: 1 });
+        if i >= 100 {
+            out.push(Marker::End { source: source(i - 100) });
+        }
+    }
+    for i in (n - 100).max(0)..n {
+        out.push(Marker::End { source: source(i) });
+    }
+    out
+}
+
+/// A state holding `n` deliveries whose deadlines are spread over one minute.
+fn filled(n: i64) -> PartitionState {
+    let mut s = PartitionState::new();
+    for i in 0..n {
+        let m = Marker::Start { source: source(i), timeout_ms: 30_000, attempt: 1 };
+        s.on_marker(i, (i * 60_000) / n.max(1), &m);
+    }
+    s
+}
+
+fn start_end(c: &mut Criterion) {
+    let n = 100_000;
+    let markers = start_end_markers(n);
+    let mut g = c.benchmark_group("start_end_pairs");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function(BenchmarkId::from_parameter(n), |b| {
+        b.iter(|| {
+            let mut s = PartitionState::new();
+            for (offset, m) in markers.iter().enumerate() {
+                black_box(s.on_marker(offset as i64, 0, m));
+            }
+            s
+        })
+    });
+    g.finish();
+}
+
+fn expiry(c: &mut Criterion) {
+    let n = 1_000_000;
+    let batch = 1_000;
+    let mut g = c.benchmark_group("expiry_at_1m_in_flight");
+    g.throughput(Throughput::Elements(batch as u64));
+    g.sample_size(20);
+    g.bench_function("expire_1000", |b| {
+        b.iter_batched_ref(
+            || filled(n),
+            |s| black_box(s.expired(i64::MAX, batch)),
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    g.finish();
+}
+
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn memory_per_delivery() {
+    let n = 1_000_000;
+    let before = rss_bytes();
+    let s = filled(n);
+    let after = rss_bytes();
+    match (before, after) {
+        (Some(b), Some(a)) => println!(
+            "memory: {} deliveries in flight, resident set grew by {:.1} MiB = {:.1} bytes per in-flight delivery",
+            s.in_flight(),
+            (a.saturating_sub(b)) as f64 / (1024.0 * 1024.0),
+            (a.saturating_sub(b)) as f64 / n as f64
+        ),
+        _ => println!("memory: /proc/self/statm is not readable here"),
+    }
+    drop(black_box(s));
+}
+
+fn main() {
+    memory_per_delivery();
+    let mut c = Criterion::default()
+        .measurement_time(Duration::from_secs(5))
+        .configure_from_args();
+    start_end(&mut c);
+    expiry(&mut c);
+    c.final_summary();
+}

@@ -13,6 +13,7 @@
 //!
 //! ARCHITECTURE.md explains how the parts fit and which invariants keep every message safe.
 #![forbid(unsafe_code)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod client;
 pub mod headers;

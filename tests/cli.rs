@@ -27,7 +27,8 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn bad_flags_give_one_line_naming_the_flag_and_exit_64() {
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, &str)> = vec![
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec!["run", "--markers-topic", "m", "--max-deliveries", "0"],
             vec![],

@@ -16,9 +16,7 @@ fn vector(name: &str) -> Vec<u8> {
         .unwrap_or_else(|| panic!("docs/markers.md has no vector `{name}`"));
     let hex = row
         .split('`')
-        .filter(|cell| cell.chars().all(|c| c.is_ascii_hexdigit() || c == ' '))
-        .filter(|cell| cell.len() >= 5)
-        .last()
+        .rfind(|cell| cell.len() >= 5 && cell.chars().all(|c| c.is_ascii_hexdigit() || c == ' '))
         .unwrap_or_else(|| panic!("vector `{name}` has no hex bytes"));
     hex.split(' ')
         .map(|b| u8::from_str_radix(b, 16).expect("hex byte"))

@@ -3,6 +3,10 @@
 //! Each notable event is one method here that both logs (with structured fields) and counts, so
 //! a log line and its counter can never disagree. Labels are partitions, topics and kinds, never
 //! keys or offsets, so series stay few.
+//!
+//! Metric definitions are static: creating or registering one can only fail on a programming
+//! error (a bad name, a duplicate), which the unit tests would hit, so `expect` is used for them.
+#![allow(clippy::expect_used)]
 
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
@@ -58,7 +62,6 @@ impl Default for Metrics {
     }
 }
 
-#[allow(clippy::expect_used)] // metric definitions are static; a failure is a programming error
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new() -> Self {
