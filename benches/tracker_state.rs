@@ -23,9 +23,15 @@ fn source(i: i64) -> SourceRef {
 fn start_end_markers(n: i64) -> Vec<Marker> {
     let mut out = Vec::with_capacity(2 * n as usize);
     for i in 0..n {
-        out.push(Marker::Start { source: source(i), timeout_ms: 30_000, attempt: 1 });
+        out.push(Marker::Start {
+            source: source(i),
+            timeout_ms: 30_000,
+            attempt: 1,
+        });
         if i >= 100 {
-            out.push(Marker::End { source: source(i - 100) });
+            out.push(Marker::End {
+                source: source(i - 100),
+            });
         }
     }
     for i in (n - 100).max(0)..n {
@@ -38,7 +44,11 @@ fn start_end_markers(n: i64) -> Vec<Marker> {
 fn filled(n: i64) -> PartitionState {
     let mut s = PartitionState::new();
     for i in 0..n {
-        let m = Marker::Start { source: source(i), timeout_ms: 30_000, attempt: 1 };
+        let m = Marker::Start {
+            source: source(i),
+            timeout_ms: 30_000,
+            attempt: 1,
+        };
         s.on_marker(i, (i * 60_000) / n.max(1), &m);
     }
     s

@@ -1,4 +1,4 @@
-//! Individual message acknowledgement and timeout redelivery on top of plain Kafka.
+#![doc = include_str!("../README.md")]
 //!
 //! # Layout
 //!

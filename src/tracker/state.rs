@@ -7,10 +7,14 @@
 //!
 //! Memory is the thing to watch here: a tracker may hold millions of deliveries. An in-flight
 //! delivery costs one hash map slot (a 16-byte key with the topic interned to a number, and a
-//! 24-byte entry) and one 24-byte heap slot. Payloads are never held.
+//! 24-byte entry) and one 24-byte heap slot. Payloads are never held. The map uses the Fx hash:
+//! keys come from our own markers topic, not from an adversary choosing collisions, and it is
+//! several times cheaper than SipHash on a 16-byte key (see BENCHMARKS.md).
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::marker::{Marker, SourceRef};
 
