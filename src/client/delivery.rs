@@ -15,6 +15,26 @@ use super::settler::Settler;
 /// Dropping a delivery without settling it releases it: the client writes a Nack with no delay,
 /// and the tracker redelivers the record at once. Even if that Nack is lost, the record is
 /// redelivered when its timeout passes. Nothing handed out is ever silently lost.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use kafka_redelivery::client::Delivery;
+///
+/// async fn handle(delivery: Delivery) -> Result<(), kafka_redelivery::client::ClientError> {
+///     if delivery.attempt() > 1 {
+///         // A redelivered copy: `original()` names the first delivery, for deduplication.
+///         println!("retry of {:?}", delivery.original());
+///     }
+///     match delivery.payload() {
+///         Some(body) if body.starts_with(b"{") => {
+///             delivery.keep_alive().await?; // long work ahead: push the deadline out
+///             delivery.ack().await
+///         }
+///         Some(_) => delivery.reject("not JSON").await,
+///         None => delivery.nack(Duration::from_secs(10)).await,
+///     }
+/// }
+/// ```
 pub struct Delivery {
     pub(crate) source: SourceRef,
     pub(crate) key: Option<Vec<u8>>,

@@ -258,3 +258,67 @@ fn split_at_first_failure(
         .collect();
     (handed, failed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Timestamp;
+
+    fn polled(topic: &str, partition: i32, offset: i64) -> Polled {
+        Polled {
+            message: OwnedMessage::new(
+                None,
+                None,
+                topic.into(),
+                Timestamp::NotAvailable,
+                partition,
+                offset,
+                None,
+            ),
+            headers: Vec::new(),
+            attempt: 1,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    fn coords(batch: &[Polled]) -> Vec<(String, i32, i64)> {
+        batch
+            .iter()
+            .map(|p| {
+                (
+                    p.message.topic().to_string(),
+                    p.message.partition(),
+                    p.message.offset(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_failed_start_holds_back_its_partition_from_that_record_on() {
+        let batch = vec![
+            polled("a", 0, 10),
+            polled("a", 0, 11),
+            polled("a", 1, 5),
+            polled("a", 0, 12),
+            polled("b", 0, 1),
+            polled("a", 1, 6),
+        ];
+        let durable = vec![true, false, true, true, true, false];
+        let (handed, failed) = split_at_first_failure(batch, durable);
+        // a/0: 11 failed, so 12 waits even though its own Start was durable.
+        assert_eq!(
+            coords(&handed),
+            vec![("a".into(), 0, 10), ("a".into(), 1, 5), ("b".into(), 0, 1)]
+        );
+        assert_eq!(failed, vec![("a".into(), 0, 11), ("a".into(), 1, 6)]);
+    }
+
+    #[test]
+    fn all_durable_hands_over_everything() {
+        let batch = vec![polled("a", 0, 1), polled("a", 0, 2)];
+        let (handed, failed) = split_at_first_failure(batch, vec![true, true]);
+        assert_eq!(handed.len(), 2);
+        assert!(failed.is_empty());
+    }
+}
