@@ -3,6 +3,17 @@
 use crate::marker::SourceRef;
 
 /// What went wrong in the client library.
+///
+/// ```no_run
+/// use kafka_redelivery::client::{ClientError, ConsumerConfig, RedeliveryConsumer};
+/// // A markers topic that does not exist is refused up front, with a hint.
+/// let config = ConsumerConfig::new("localhost:9092", "g", ["orders"], "missing.markers");
+/// match RedeliveryConsumer::new(config) {
+///     Err(ClientError::MarkersTopic { topic, why }) => eprintln!("{topic}: {why}"),
+///     Err(other) => eprintln!("{other}"),
+///     Ok(_consumer) => {}
+/// }
+/// ```
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// A Kafka client could not be created or configured.

@@ -45,6 +45,27 @@ use settler::Settler;
 
 /// A consumer that hands out records as [`Delivery`] handles and guarantees, with a running
 /// tracker, that each record is acked, dead-lettered, or redelivered.
+///
+/// Settle deliveries concurrently for throughput: each settle waits for one marker to be
+/// durable, and the bound on unsettled deliveries keeps the number in hand limited.
+///
+/// ```no_run
+/// use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+///
+/// # async fn run() -> Result<(), kafka_redelivery::client::ClientError> {
+/// let config = ConsumerConfig::new("localhost:9092", "mailer", ["emails"], "emails.markers")
+///     .max_unsettled(256);
+/// let mut consumer = RedeliveryConsumer::new(config)?;
+/// while let Some(delivery) = consumer.recv().await {
+///     tokio::spawn(async move {
+///         // ... send the e-mail ...
+///         if let Err(e) = delivery.ack().await {
+///             eprintln!("ack failed, the e-mail may be sent again: {e}");
+///         }
+///     });
+/// }
+/// # Ok(()) }
+/// ```
 pub struct RedeliveryConsumer {
     deliveries: mpsc::Receiver<Delivery>,
     auto_keep_alive: bool,
