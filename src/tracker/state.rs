@@ -5,16 +5,21 @@
 //! [`PartitionState::next_deadline`]. Time is always passed in (milliseconds of partition time,
 //! see [`super::clock`]), so tests drive it without Kafka and without sleeping.
 //!
-//! Memory is the thing to watch here: a tracker may hold millions of deliveries. An in-flight
-//! delivery costs one hash map slot (a 16-byte key with the topic interned to a number, and a
-//! 24-byte entry) and one 24-byte heap slot. Payloads are never held. The map uses the Fx hash:
-//! keys come from our own markers topic, not from an adversary choosing collisions, and it is
-//! several times cheaper than SipHash on a 16-byte key (see BENCHMARKS.md).
+//! Memory is the thing to watch here: a tracker may hold millions of deliveries. Each one lives
+//! in a 32-byte slot of a slab (its key with the topic interned to a number, its deadline, and
+//! its Start offset, attempt and phase packed into one `u64`). A hash table of 4-byte slot
+//! numbers finds a slot by key, and the deadline heap holds (deadline, slot number) pairs of 16
+//! bytes. Payloads are never held. BENCHMARKS.md has the measured bytes per delivery.
+//!
+//! Keys are hashed with the Fx hash: they come from our own markers topic, not from an adversary
+//! choosing collisions, and it is several times cheaper than SipHash on a 16-byte key.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::hash::BuildHasher;
 
-use rustc_hash::FxHashMap as HashMap;
+use hashbrown::HashTable;
+use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 
 use crate::marker::{Marker, SourceRef};
 
@@ -33,24 +38,75 @@ struct Key {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Handed to a consumer; expires at the deadline unless kept alive or settled.
-    Waiting,
+    Waiting = 0,
     /// The consumer gave it back; "expires" when the nack delay is over.
-    Nacked,
+    Nacked = 1,
     /// The consumer refused it; due at once for the dead-letter topic.
-    Rejected,
+    Rejected = 2,
     /// Handed to the redelivery worker; stays here (holding back the commit) until the End the
     /// worker writes comes back, but never expires again.
-    Dispatched,
+    Dispatched = 3,
+    /// The slot holds no delivery and is on the free list.
+    Free = 4,
 }
 
+/// Start offset (48 bits), attempt (13 bits) and phase (3 bits) in one word. 2^48 markers is
+/// nine years at a million markers a second; a larger offset is stored as the largest one, which
+/// only makes commits more cautious. Attempts saturate at 8191.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
+struct Meta(u64);
+
+const OFFSET_BITS: u32 = 48;
+const ATTEMPT_BITS: u32 = 13;
+const MAX_OFFSET: i64 = (1 << OFFSET_BITS) - 1;
+const MAX_ATTEMPT: u32 = (1 << ATTEMPT_BITS) - 1;
+
+impl Meta {
+    fn new(start_offset: i64, attempt: u32, phase: Phase) -> Self {
+        let offset = start_offset.clamp(0, MAX_OFFSET) as u64;
+        let attempt = u64::from(attempt.min(MAX_ATTEMPT));
+        Meta(offset | attempt << OFFSET_BITS | (phase as u64) << (OFFSET_BITS + ATTEMPT_BITS))
+    }
+
+    fn start_offset(self) -> i64 {
+        (self.0 & MAX_OFFSET as u64) as i64
+    }
+
+    fn attempt(self) -> u32 {
+        ((self.0 >> OFFSET_BITS) & u64::from(MAX_ATTEMPT)) as u32
+    }
+
+    fn phase(self) -> Phase {
+        match self.0 >> (OFFSET_BITS + ATTEMPT_BITS) {
+            0 => Phase::Waiting,
+            1 => Phase::Nacked,
+            2 => Phase::Rejected,
+            3 => Phase::Dispatched,
+            _ => Phase::Free,
+        }
+    }
+
+    fn with(self, attempt: u32, phase: Phase) -> Self {
+        Meta::new(self.start_offset(), attempt, phase)
+    }
+}
+
+/// One tracked delivery.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: Key,
     deadline_ms: i64,
-    /// Offset of the Start marker that began this delivery. The committed markers offset never
-    /// passes the smallest of these, so a restart replays every Start still in progress.
-    start_offset: i64,
-    attempt: u32,
-    phase: Phase,
+    /// The Start offset in `meta` is the offset of the Start marker that began this delivery.
+    /// The committed markers offset never passes the smallest of these, so a restart replays
+    /// every Start still in progress.
+    meta: Meta,
+}
+
+impl Slot {
+    fn is_due_at(&self, deadline: i64) -> bool {
+        self.deadline_ms == deadline
+            && !matches!(self.meta.phase(), Phase::Dispatched | Phase::Free)
+    }
 }
 
 /// Why a delivery is due.
@@ -140,15 +196,22 @@ pub struct Summary {
 #[derive(Debug, Default)]
 pub struct PartitionState {
     topics: Interner,
-    inflight: HashMap<Key, Entry>,
-    /// Min-heap of (deadline, key). Entries go stale when a delivery is kept alive or settled;
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Slot numbers, found by the hash of their slot's key.
+    index: HashTable<u32>,
+    /// Min-heap of (deadline, slot). Entries go stale when a delivery is kept alive or settled;
     /// they are skipped when popped and swept when they outnumber live ones.
-    deadlines: BinaryHeap<Reverse<(i64, Key)>>,
+    deadlines: BinaryHeap<Reverse<(i64, u32)>>,
     /// Reasons of rejected deliveries, only until they are dispatched.
     reject_reasons: HashMap<Key, String>,
     /// (Start marker offset, timestamp) samples at most one per second, to tell the age of the
     /// oldest delivery without storing a start time per delivery.
     time_index: VecDeque<(i64, i64)>,
+}
+
+fn hash(key: &Key) -> u64 {
+    FxBuildHasher.hash_one(key)
 }
 
 impl PartitionState {
@@ -201,28 +264,27 @@ impl PartitionState {
         attempt: u32,
     ) -> Applied {
         let key = self.intern(source);
-        if let Some(entry) = self.inflight.get_mut(&key) {
-            if entry.phase == Phase::Dispatched {
+        if let Some(i) = self.find(&key) {
+            let slot = &mut self.slots[i as usize];
+            if slot.meta.phase() == Phase::Dispatched {
                 return Applied::Odd(Oddity::LateForRedelivery);
             }
             // A re-polled batch: keep the earliest Start offset so the commit stays behind it.
-            entry.deadline_ms = deadline;
-            entry.attempt = entry.attempt.max(attempt);
-            entry.phase = Phase::Waiting;
+            slot.deadline_ms = deadline;
+            slot.meta = slot
+                .meta
+                .with(slot.meta.attempt().max(attempt), Phase::Waiting);
             self.reject_reasons.remove(&key);
-            self.push_deadline(deadline, key);
+            self.push_deadline(deadline, i);
             return Applied::Restarted;
         }
-        self.inflight.insert(
+        let slot = Slot {
             key,
-            Entry {
-                deadline_ms: deadline,
-                start_offset: offset,
-                attempt,
-                phase: Phase::Waiting,
-            },
-        );
-        self.push_deadline(deadline, key);
+            deadline_ms: deadline,
+            meta: Meta::new(offset, attempt, Phase::Waiting),
+        };
+        let i = self.insert(slot);
+        self.push_deadline(deadline, i);
         if self.time_index.back().is_none_or(|&(_, t)| ts >= t + 1000) {
             self.time_index.push_back((offset, ts));
         }
@@ -230,31 +292,30 @@ impl PartitionState {
     }
 
     fn reschedule(&mut self, source: &SourceRef, due: i64, phase: Phase, ok: Applied) -> Applied {
-        let Some(key) = self.key(source) else {
+        let Some(i) = self.key(source).and_then(|k| self.find(&k)) else {
             return Applied::Odd(Oddity::SettleWithoutStart);
         };
-        let Some(entry) = self.inflight.get_mut(&key) else {
-            return Applied::Odd(Oddity::SettleWithoutStart);
-        };
-        if entry.phase == Phase::Dispatched {
+        let slot = &mut self.slots[i as usize];
+        let current = slot.meta.phase();
+        if current == Phase::Dispatched {
             return Applied::Odd(Oddity::LateForRedelivery);
         }
         // Once nacked or rejected, a late KeepAlive must not turn it back into a plain delivery.
-        if phase == Phase::Waiting && entry.phase != Phase::Waiting {
+        if phase == Phase::Waiting && current != Phase::Waiting {
             return Applied::KeptAlive;
         }
-        entry.deadline_ms = due;
-        entry.phase = phase;
-        self.push_deadline(due, key);
+        slot.deadline_ms = due;
+        slot.meta = slot.meta.with(slot.meta.attempt(), phase);
+        self.push_deadline(due, i);
         ok
     }
 
     fn end(&mut self, source: &SourceRef) -> Applied {
-        let removed = self.key(source).and_then(|key| {
-            self.reject_reasons.remove(&key);
-            self.inflight.remove(&key)
-        });
-        match removed {
+        let Some(key) = self.key(source) else {
+            return Applied::Odd(Oddity::EndWithoutStart);
+        };
+        self.reject_reasons.remove(&key);
+        match self.remove(&key) {
             Some(_) => Applied::Ended,
             None => Applied::Odd(Oddity::EndWithoutStart),
         }
@@ -265,18 +326,19 @@ impl PartitionState {
     pub fn expired(&mut self, now_ms: i64, limit: usize) -> Vec<Expiry> {
         let mut out = Vec::new();
         while out.len() < limit {
-            let Some(&Reverse((deadline, key))) = self.deadlines.peek() else {
+            let Some(&Reverse((deadline, i))) = self.deadlines.peek() else {
                 break;
             };
             if deadline > now_ms {
                 break;
             }
             self.deadlines.pop();
-            let Some(entry) = self.live_entry(deadline, key) else {
+            let slot = &mut self.slots[i as usize];
+            if !slot.is_due_at(deadline) {
                 continue;
-            };
-            let (phase, attempt) = (entry.phase, entry.attempt);
-            entry.phase = Phase::Dispatched;
+            }
+            let (phase, attempt, key) = (slot.meta.phase(), slot.meta.attempt(), slot.key);
+            slot.meta = slot.meta.with(attempt, Phase::Dispatched);
             let cause = match phase {
                 Phase::Nacked => Cause::Nacked,
                 Phase::Rejected => {
@@ -296,8 +358,8 @@ impl PartitionState {
 
     /// The earliest deadline still pending, in partition time (ms).
     pub fn next_deadline(&mut self) -> Option<i64> {
-        while let Some(&Reverse((deadline, key))) = self.deadlines.peek() {
-            if self.live_entry(deadline, key).is_some() {
+        while let Some(&Reverse((deadline, i))) = self.deadlines.peek() {
+            if self.slots[i as usize].is_due_at(deadline) {
                 return Some(deadline);
             }
             self.deadlines.pop();
@@ -307,13 +369,18 @@ impl PartitionState {
 
     /// Number of deliveries in flight, including those being redelivered.
     pub fn in_flight(&self) -> usize {
-        self.inflight.len()
+        self.index.len()
     }
 
     /// The commit offset, size and oldest age, given the offset after the last marker read and
     /// the current partition time.
     pub fn summary(&mut self, next_offset: i64, now_ms: i64) -> Summary {
-        let min_start = self.inflight.values().map(|e| e.start_offset).min();
+        let min_start = self
+            .slots
+            .iter()
+            .filter(|s| s.meta.phase() != Phase::Free)
+            .map(|s| s.meta.start_offset())
+            .min();
         let Some(min_start) = min_start else {
             self.time_index.clear();
             return Summary {
@@ -329,28 +396,65 @@ impl PartitionState {
         let oldest_ts = self.time_index.front().map_or(now_ms, |&(_, t)| t);
         Summary {
             commit_offset: min_start,
-            in_flight: self.inflight.len(),
+            in_flight: self.in_flight(),
             oldest_age_ms: (now_ms - oldest_ts).max(0),
         }
     }
 
-    fn live_entry(&mut self, deadline: i64, key: Key) -> Option<&mut Entry> {
-        self.inflight
-            .get_mut(&key)
-            .filter(|e| e.deadline_ms == deadline && e.phase != Phase::Dispatched)
+    fn find(&self, key: &Key) -> Option<u32> {
+        let slots = &self.slots;
+        self.index
+            .find(hash(key), |&i| slots[i as usize].key == *key)
+            .copied()
     }
 
-    fn push_deadline(&mut self, deadline: i64, key: Key) {
-        self.deadlines.push(Reverse((deadline, key)));
+    fn insert(&mut self, slot: Slot) -> u32 {
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = slot;
+                i
+            }
+            None => {
+                // More than 4 billion deliveries in flight in one partition cannot fit in memory.
+                let i = self.slots.len() as u32;
+                self.slots.push(slot);
+                i
+            }
+        };
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash(&slot.key), i, |&j| hash(&slots[j as usize].key));
+        i
+    }
+
+    fn remove(&mut self, key: &Key) -> Option<u32> {
+        let slots = &self.slots;
+        let (i, _) = self
+            .index
+            .find_entry(hash(key), |&i| slots[i as usize].key == *key)
+            .ok()?
+            .remove();
+        self.slots[i as usize].meta = Meta::new(0, 0, Phase::Free);
+        self.free.push(i);
+        Some(i)
+    }
+
+    fn push_deadline(&mut self, deadline: i64, slot: u32) {
+        self.deadlines.push(Reverse((deadline, slot)));
         // Stale entries pile up when deliveries are acked long before their deadline; sweep them
         // once they outnumber the live ones, which keeps the sweep amortised O(1) per push.
-        if self.deadlines.len() > 2 * self.inflight.len() + 1024 {
-            let inflight = &self.inflight;
-            self.deadlines.retain(|Reverse((d, k))| {
-                inflight
-                    .get(k)
-                    .is_some_and(|e| e.deadline_ms == *d && e.phase != Phase::Dispatched)
-            });
+        // A reused slot can make an old entry look live again when the new delivery has the
+        // same deadline, so the sweep also drops duplicates.
+        if self.deadlines.len() > 2 * self.in_flight() + 1024 {
+            let slots = &self.slots;
+            let mut live: Vec<_> = std::mem::take(&mut self.deadlines)
+                .into_vec()
+                .into_iter()
+                .filter(|Reverse((d, i))| slots[*i as usize].is_due_at(*d))
+                .collect();
+            live.sort_unstable();
+            live.dedup();
+            self.deadlines = BinaryHeap::from(live);
         }
     }
 

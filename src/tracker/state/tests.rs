@@ -186,3 +186,194 @@ fn expired_respects_its_limit_and_deadline_order() {
     );
     assert_eq!(s.expired(100, 10).len(), 3);
 }
+
+#[test]
+fn meta_packs_and_saturates() {
+    let m = Meta::new(123_456_789, 7, Phase::Nacked);
+    assert_eq!(
+        (m.start_offset(), m.attempt(), m.phase()),
+        (123_456_789, 7, Phase::Nacked)
+    );
+    let m = m.with(9, Phase::Dispatched);
+    assert_eq!(
+        (m.start_offset(), m.attempt(), m.phase()),
+        (123_456_789, 9, Phase::Dispatched)
+    );
+    let big = Meta::new(i64::MAX, u32::MAX, Phase::Waiting);
+    assert_eq!(
+        big.start_offset(),
+        MAX_OFFSET,
+        "too large an offset commits earlier, never later"
+    );
+    assert_eq!(big.attempt(), MAX_ATTEMPT);
+    assert_eq!(Meta::new(-5, 1, Phase::Free).start_offset(), 0);
+}
+
+#[test]
+fn freed_slots_are_reused_without_mixing_deliveries() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &start(1, 100, 1));
+    s.on_marker(1, 10, &Marker::End { source: src(1) });
+    // Reuses slot 0 with the same deadline the stale heap entry has.
+    s.on_marker(2, 0, &start(2, 100, 3));
+    let due = s.expired(100, 10);
+    assert_eq!(due.len(), 1, "one delivery, one expiry: {due:?}");
+    assert_eq!((due[0].source.offset, due[0].attempt), (2, 3));
+    assert_eq!(s.slots.len(), 1);
+}
+
+/// A deliberately simple model of the state, to check the real one against.
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[derive(Debug, Clone)]
+    pub enum Op {
+        Start(i64, u32, u32),
+        KeepAlive(i64, u32),
+        End(i64),
+        Nack(i64, u64),
+        Reject(i64),
+        Advance(i64),
+    }
+
+    pub fn op() -> impl Strategy<Value = Op> {
+        let key = 0..6i64;
+        prop_oneof![
+            3 => (key.clone(), 1..300u32, 1..4u32).prop_map(|(k, t, a)| Op::Start(k, t, a)),
+            1 => (key.clone(), 1..300u32).prop_map(|(k, t)| Op::KeepAlive(k, t)),
+            2 => key.clone().prop_map(Op::End),
+            1 => (key.clone(), 0..300u64).prop_map(|(k, d)| Op::Nack(k, d)),
+            1 => key.prop_map(Op::Reject),
+            2 => (0..200i64).prop_map(Op::Advance),
+        ]
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum P {
+        Waiting,
+        Nacked,
+        Rejected,
+        Dispatched,
+    }
+
+    #[derive(Default)]
+    pub struct Model {
+        m: BTreeMap<i64, (i64, P, i64, u32)>, // key -> (deadline, phase, start offset, attempt)
+    }
+
+    impl Model {
+        pub fn apply(&mut self, offset: i64, ts: i64, op: &Op) {
+            match *op {
+                Op::Start(k, t, a) => match self.m.get_mut(&k) {
+                    Some(e) if e.1 == P::Dispatched => {}
+                    Some(e) => *e = (ts + i64::from(t), P::Waiting, e.2, e.3.max(a)),
+                    None => {
+                        self.m.insert(k, (ts + i64::from(t), P::Waiting, offset, a));
+                    }
+                },
+                Op::KeepAlive(k, t) => {
+                    if let Some(e) = self.m.get_mut(&k).filter(|e| e.1 == P::Waiting) {
+                        e.0 = ts + i64::from(t);
+                    }
+                }
+                Op::End(k) => {
+                    self.m.remove(&k);
+                }
+                Op::Nack(k, d) => {
+                    if let Some(e) = self.m.get_mut(&k).filter(|e| e.1 != P::Dispatched) {
+                        *e = (ts + d as i64, P::Nacked, e.2, e.3);
+                    }
+                }
+                Op::Reject(k) => {
+                    if let Some(e) = self.m.get_mut(&k).filter(|e| e.1 != P::Dispatched) {
+                        *e = (ts, P::Rejected, e.2, e.3);
+                    }
+                }
+                Op::Advance(_) => {}
+            }
+        }
+
+        /// Due deliveries as sorted (key, attempt, cause) triples.
+        pub fn expire(&mut self, now: i64) -> Vec<(i64, u32, Cause)> {
+            let mut out = Vec::new();
+            for (k, e) in self.m.iter_mut() {
+                if e.1 != P::Dispatched && e.0 <= now {
+                    let cause = match e.1 {
+                        P::Nacked => Cause::Nacked,
+                        P::Rejected => Cause::Rejected("r".into()),
+                        _ => Cause::Timeout,
+                    };
+                    out.push((*k, e.3, cause));
+                    e.1 = P::Dispatched;
+                }
+            }
+            out
+        }
+
+        pub fn commit(&self, next: i64) -> i64 {
+            self.m.values().map(|e| e.2).min().unwrap_or(next)
+        }
+
+        pub fn len(&self) -> usize {
+            self.m.len()
+        }
+    }
+
+    pub fn marker(op: &Op) -> Option<Marker> {
+        Some(match *op {
+            Op::Start(k, t, a) => Marker::Start {
+                source: src(k),
+                timeout_ms: t,
+                attempt: a,
+            },
+            Op::KeepAlive(k, t) => Marker::KeepAlive {
+                source: src(k),
+                timeout_ms: t,
+            },
+            Op::End(k) => Marker::End { source: src(k) },
+            Op::Nack(k, d) => Marker::Nack {
+                source: src(k),
+                delay_ms: d,
+            },
+            Op::Reject(k) => Marker::Reject {
+                source: src(k),
+                reason: "r".into(),
+            },
+            Op::Advance(_) => return None,
+        })
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn behaves_like_the_model(ops in proptest::collection::vec(model::op(), 1..200)) {
+        let mut real = PartitionState::new();
+        let mut m = model::Model::default();
+        let mut now = 0i64;
+        for (offset, op) in ops.iter().enumerate() {
+            let offset = offset as i64;
+            if let model::Op::Advance(dt) = op {
+                now += dt;
+            }
+            if let Some(marker) = model::marker(op) {
+                real.on_marker(offset, now, &marker);
+                m.apply(offset, now, op);
+            }
+            let mut got: Vec<_> = real
+                .expired(now, usize::MAX)
+                .into_iter()
+                .map(|e| (e.source.offset, e.attempt, e.cause))
+                .collect();
+            got.sort_by_key(|g| g.0);
+            proptest::prop_assert_eq!(got, m.expire(now));
+            proptest::prop_assert_eq!(real.in_flight(), m.len());
+            let next = offset + 1;
+            proptest::prop_assert_eq!(real.summary(next, now).commit_offset, m.commit(next));
+            if let Some(d) = real.next_deadline() {
+                proptest::prop_assert!(d > now, "a due delivery was left behind");
+            }
+        }
+    }
+}
