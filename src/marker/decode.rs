@@ -34,6 +34,17 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
+    /// Every value [`DecodeError::kind`] can return.
+    pub const KINDS: [&'static str; 7] = [
+        "empty",
+        "unknown_version",
+        "unknown_type",
+        "truncated",
+        "invalid_utf8",
+        "invalid_value",
+        "trailing_bytes",
+    ];
+
     /// Short stable name for metric labels.
     pub fn kind(&self) -> &'static str {
         match self {

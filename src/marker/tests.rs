@@ -80,6 +80,7 @@ fn documented_rejections() {
     ] {
         let err = decode(&vector(name)).expect_err(name);
         assert_eq!(err.kind(), kind, "vector `{name}`: {err}");
+        assert!(DecodeError::KINDS.contains(&kind), "KINDS lacks {kind}");
     }
     assert_eq!(decode(&[]), Err(DecodeError::Empty));
 }

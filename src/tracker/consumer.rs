@@ -86,7 +86,22 @@ fn safe_offset(p: &mut OwnedPartition) -> Option<i64> {
     Some(p.state.summary(next, now).commit_offset)
 }
 
-impl ClientContext for TrackerContext {}
+impl ClientContext for TrackerContext {
+    /// librdkafka's statistics (every `statistics.interval.ms`): publishes how many markers are
+    /// written but not yet read, per owned partition.
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let Some(topic) = statistics.topics.get(&self.markers_topic) else {
+            return;
+        };
+        let owned = self.lock();
+        for (id, p) in &topic.partitions {
+            if owned.partitions.contains_key(id) && p.hi_offset >= 0 && p.app_offset >= 0 {
+                self.metrics
+                    .markers_lag(*id, (p.hi_offset - p.app_offset).max(0));
+            }
+        }
+    }
+}
 
 impl ConsumerContext for TrackerContext {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {

@@ -28,6 +28,7 @@ pub struct Metrics {
     in_flight: IntGaugeVec,
     oldest_age: IntGaugeVec,
     partition_ready: IntGaugeVec,
+    markers_lag: IntGaugeVec,
     ready: IntGauge,
     assigned: IntGauge,
     redelivered: IntCounterVec,
@@ -109,7 +110,7 @@ impl Metrics {
         .expect("static metric definition");
         r.register(Box::new(deadline_lag.clone()))
             .expect("unique metric name");
-        Metrics {
+        let metrics = Metrics {
             markers: counter(&r, "redelivery_markers_total", "Markers read, by type", &["type"]),
             marker_errors: counter(
                 &r,
@@ -134,6 +135,12 @@ impl Metrics {
                 &r,
                 "redelivery_partition_ready",
                 "1 once the partition's state has been rebuilt by replay",
+                &["partition"],
+            ),
+            markers_lag: gauge(
+                &r,
+                "redelivery_markers_lag",
+                "Markers written but not yet read by this tracker (from librdkafka statistics)",
                 &["partition"],
             ),
             redelivered: counter(
@@ -167,6 +174,25 @@ impl Metrics {
             commits,
             commit_failures,
             consume_errors,
+        };
+        metrics.init_known_labels();
+        metrics
+    }
+
+    /// Creates every series whose labels are known up front at zero, so dashboards and alerts
+    /// see a 0 instead of no data before the first event.
+    fn init_known_labels(&self) {
+        for kind in crate::marker::DecodeError::KINDS
+            .iter()
+            .chain(&["tombstone"])
+        {
+            self.marker_errors.with_label_values(&[kind]);
+        }
+        for kind in Oddity::ALL {
+            self.odd_markers.with_label_values(&[kind.name()]);
+        }
+        for what in ["copy", "end", "tick"] {
+            self.produce_errors.with_label_values(&[what]);
         }
     }
 
@@ -282,12 +308,20 @@ impl Metrics {
             .set(i64::from(ready));
     }
 
+    /// Publishes the markers lag of one partition.
+    pub fn markers_lag(&self, partition: i32, lag: i64) {
+        self.markers_lag
+            .with_label_values(&[&partition.to_string()])
+            .set(lag);
+    }
+
     /// Drops the series of a partition this tracker no longer owns.
     pub fn forget_partition(&self, partition: i32) {
         let p = partition.to_string();
         let _ = self.in_flight.remove_label_values(&[&p]);
         let _ = self.oldest_age.remove_label_values(&[&p]);
         let _ = self.partition_ready.remove_label_values(&[&p]);
+        let _ = self.markers_lag.remove_label_values(&[&p]);
     }
 
     /// Publishes overall readiness and the number of assigned partitions.

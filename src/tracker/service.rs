@@ -74,6 +74,8 @@ impl Tracker {
                 ("enable.auto.commit", "false"),
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
+                // Feeds the markers lag gauge.
+                ("statistics.interval.ms", "5000"),
             ])
             .create_with_context(TrackerContext::new(
                 self.metrics.clone(),

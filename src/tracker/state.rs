@@ -171,6 +171,13 @@ pub enum Oddity {
 }
 
 impl Oddity {
+    /// Every oddity.
+    pub const ALL: [Oddity; 3] = [
+        Oddity::SettleWithoutStart,
+        Oddity::EndWithoutStart,
+        Oddity::LateForRedelivery,
+    ];
+
     /// Short stable name for metric labels.
     pub fn name(self) -> &'static str {
         match self {

@@ -386,7 +386,8 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        // HTTP/1.0, so the body comes back whole, never chunked.
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n"
     )
     .ok()?;
     let mut buf = String::new();
