@@ -10,3 +10,21 @@ pub(crate) const DURABLE_PRODUCER: [(&str, &str); 4] = [
     ("linger.ms", "2"),
     ("compression.type", "none"),
 ];
+
+/// A librdkafka config: the brokers, then the settings the caller needs, then the user's own
+/// overrides last, so an operator can change anything this crate sets.
+pub(crate) fn client_config(
+    brokers: &str,
+    own: &[(&str, &str)],
+    overrides: &[(String, String)],
+) -> rdkafka::ClientConfig {
+    let mut c = rdkafka::ClientConfig::new();
+    c.set("bootstrap.servers", brokers);
+    for (k, v) in own {
+        c.set(*k, *v);
+    }
+    for (k, v) in overrides {
+        c.set(k, v);
+    }
+    c
+}

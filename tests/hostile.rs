@@ -6,7 +6,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
 use kafka_redelivery::headers;
 use kafka_redelivery::marker::{encode, Marker, SourceRef};
 use rdkafka::admin::{AdminClient, AdminOptions};
@@ -70,16 +69,7 @@ async fn garbage_unknown_versions_and_tombstones_are_skipped_and_counted() {
     );
 
     // And it still does its job.
-    let mut c = RedeliveryConsumer::new(
-        ConsumerConfig::new(
-            brokers(),
-            unique("g"),
-            [t.source.as_str()],
-            t.markers.as_str(),
-        )
-        .timeout(Duration::from_millis(500)),
-    )
-    .unwrap();
+    let mut c = consumer(&t, Duration::from_millis(500));
     produce(&t.source, None, "after-garbage", b"v", &[]).await;
     c.recv_timeout(Duration::from_secs(60))
         .await

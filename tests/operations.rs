@@ -9,7 +9,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -133,16 +132,7 @@ async fn prometheus_runs_every_dashboard_and_alert_query_against_a_working_track
 
     // Real work: acks, timeouts to the maximum, rejects, nacks, and one undecodable marker.
     produce_many(&t.source, 2, "op", 40).await;
-    let mut c = RedeliveryConsumer::new(
-        ConsumerConfig::new(
-            brokers(),
-            unique("g"),
-            [t.source.as_str()],
-            t.markers.as_str(),
-        )
-        .timeout(Duration::from_millis(800)),
-    )
-    .unwrap();
+    let mut c = consumer(&t, Duration::from_millis(800));
     let worker = tokio::spawn(async move {
         while let Some(d) = c.recv().await {
             let n: u32 = String::from_utf8_lossy(d.key().unwrap())[3..]

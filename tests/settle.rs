@@ -10,19 +10,6 @@ use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
 use kafka_redelivery::headers;
 use kafka_redelivery::marker::SourceRef;
 
-fn consumer(t: &Topics, timeout: Duration) -> RedeliveryConsumer {
-    RedeliveryConsumer::new(
-        ConsumerConfig::new(
-            brokers(),
-            unique("group"),
-            [t.source.as_str()],
-            t.markers.as_str(),
-        )
-        .timeout(timeout),
-    )
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_records_are_never_redelivered() {
     let t = topics(2, 2).await;

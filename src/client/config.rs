@@ -90,14 +90,6 @@ impl ConsumerConfig {
     }
 
     pub(crate) fn client_config(&self, own: &[(&str, &str)]) -> rdkafka::ClientConfig {
-        let mut c = rdkafka::ClientConfig::new();
-        c.set("bootstrap.servers", &self.brokers);
-        for (k, v) in own {
-            c.set(*k, *v);
-        }
-        for (k, v) in &self.rdkafka {
-            c.set(k, v);
-        }
-        c
+        crate::kafka::client_config(&self.brokers, own, &self.rdkafka)
     }
 }

@@ -46,14 +46,6 @@ impl TrackerConfig {
     /// A librdkafka config with the brokers and every `-X` override applied last, so an
     /// operator can change anything the tracker sets.
     pub(crate) fn client_config(&self, own: &[(&str, &str)]) -> rdkafka::ClientConfig {
-        let mut c = rdkafka::ClientConfig::new();
-        c.set("bootstrap.servers", &self.brokers);
-        for (k, v) in own {
-            c.set(*k, *v);
-        }
-        for (k, v) in &self.rdkafka {
-            c.set(k, v);
-        }
-        c
+        crate::kafka::client_config(&self.brokers, own, &self.rdkafka)
     }
 }

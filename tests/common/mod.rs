@@ -311,6 +311,25 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A client-library consumer of the test's source topic, in a fresh group.
+pub fn consumer(t: &Topics, timeout: Duration) -> kafka_redelivery::client::RedeliveryConsumer {
+    consumer_of(&t.source, &t.markers, &unique("group"), timeout)
+}
+
+/// A client-library consumer of `source` in `group`.
+pub fn consumer_of(
+    source: &str,
+    markers: &str,
+    group: &str,
+    timeout: Duration,
+) -> kafka_redelivery::client::RedeliveryConsumer {
+    kafka_redelivery::client::RedeliveryConsumer::new(
+        kafka_redelivery::client::ConsumerConfig::new(brokers(), group, [source], markers)
+            .timeout(timeout),
+    )
+    .expect("consumer created")
+}
+
 /// A tracker config for tests: fast commits, the given max deliveries.
 pub fn tracker_config(t: &Topics, max_deliveries: u32) -> TrackerConfig {
     TrackerConfig {
