@@ -19,6 +19,9 @@ pub const DLQ_DETAIL: &str = "kr-dlq-detail";
 /// On a dead-lettered copy: the topic, partition and offset it was read from, as
 /// `topic/partition@offset`; for a redelivered copy this differs from the original.
 pub const DLQ_SOURCE: &str = "kr-dlq-source";
+/// On a record sent back by `redelivery-tracker dlq redrive`: the dead-letter record it came
+/// from, as `topic/partition@offset`.
+pub const REDRIVEN_FROM: &str = "kr-redriven-from";
 /// Optional, set by a producer: this record's delivery timeout in milliseconds, overriding the
 /// consumer's default.
 pub const TIMEOUT_MS: &str = "kr-timeout-ms";

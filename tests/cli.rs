@@ -227,3 +227,156 @@ async fn admin_endpoints_answer_and_change_nothing() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_what_a_running_tracker_holds() {
+    let t = topics(2, 2).await;
+    let (mut child, admin) = spawn_tracker(&t, &unique("tracker"), 5);
+    wait_ready_http(&admin).await;
+    produce_many(&t.source, 2, "i", 6).await;
+    let mut c = consumer(&t, Duration::from_secs(120));
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        held.push(
+            c.recv_timeout(Duration::from_secs(60))
+                .await
+                .expect("delivery"),
+        );
+    }
+    // The view refreshes every commit interval; wait until it shows all six.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let view = loop {
+        let out = tracker(&["inspect", "--admin", &admin, "--json"], &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let in_flight: u64 = v["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["in_flight"].as_u64().unwrap())
+            .sum();
+        if in_flight == 6 {
+            break v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "inspect never showed 6 in flight: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(view["ready"], true);
+    for p in view["partitions"].as_array().unwrap() {
+        if p["in_flight"].as_u64().unwrap() > 0 {
+            let next = p["next_deadlines_in_ms"].as_array().unwrap();
+            assert!(!next.is_empty(), "{p}");
+            // Two-minute timeouts: the next deadline is still ahead.
+            assert!(next[0].as_i64().unwrap() > 60_000, "{p}");
+        }
+    }
+    let table = tracker(&["inspect", "--admin", &admin], &[]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.starts_with("PARTITION"), "{text}");
+    assert!(text.contains("6 in flight, ready"), "{text}");
+    let unreachable = tracker(
+        &["inspect", "--admin", &format!("127.0.0.1:{}", free_port())],
+        &[],
+    );
+    assert_eq!(unreachable.status.code(), Some(1));
+    assert!(
+        stderr(&unreachable).contains("cannot reach"),
+        "{}",
+        stderr(&unreachable)
+    );
+    for d in held {
+        d.ack().await.unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_redrive_sends_filtered_records_back_and_resumes_where_it_stopped() {
+    let t = topics(1, 1).await;
+    let (mut child, admin) = spawn_tracker(&t, &unique("tracker"), 1);
+    wait_ready_http(&admin).await;
+    produce_many(&t.source, 1, "d", 8).await;
+    let mut c = consumer(&t, Duration::from_millis(500));
+    let mut originals = std::collections::HashMap::new();
+    // Even keys are rejected, odd ones abandoned: with one delivery allowed, all 8 are dead-lettered.
+    for _ in 0..8 {
+        let d = c
+            .recv_timeout(Duration::from_secs(60))
+            .await
+            .expect("delivery");
+        let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
+        originals.insert(key.clone(), d.offset());
+        if key[2..].parse::<u32>().unwrap() % 2 == 0 {
+            d.reject("bad").await.unwrap();
+        } else {
+            d.abandon();
+        }
+    }
+    assert_eq!(read(&t.dlq, 8, Duration::from_secs(60)).len(), 8);
+    let bootstrap = brokers();
+    let redrive = |extra: &[&str]| {
+        let mut args = vec![
+            "dlq",
+            "redrive",
+            "--brokers",
+            &bootstrap,
+            "--dlq-topic",
+            &t.dlq,
+            "--reason",
+            "rejected",
+        ];
+        args.extend_from_slice(extra);
+        let out = tracker(&args, &[]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        redrive(&["--dry-run"]).contains("would redrive 4 of 8"),
+        "dry run counts the rejected ones"
+    );
+    assert!(
+        c.recv_timeout(Duration::from_secs(2)).await.is_none(),
+        "a dry run sends nothing"
+    );
+    // Interrupted after two, then run again: the other two follow, none is sent twice.
+    assert!(redrive(&["--max", "2"]).starts_with("redrove 2 of"));
+    assert!(redrive(&[]).starts_with("redrove 2 of"));
+    assert!(
+        redrive(&[]).starts_with("redrove 0 of 0"),
+        "a finished redrive has nothing left"
+    );
+    let mut back = Vec::new();
+    for _ in 0..4 {
+        let d = c
+            .recv_timeout(Duration::from_secs(60))
+            .await
+            .expect("redriven record");
+        assert_eq!(d.attempt(), 1, "a redriven record starts again");
+        let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
+        assert_eq!(
+            d.original().map(|o| o.offset),
+            Some(originals[&key]),
+            "original coordinates kept"
+        );
+        assert!(headers_of(&d).contains("kr-redriven-from"));
+        back.push(key);
+        d.ack().await.unwrap();
+    }
+    back.sort();
+    assert_eq!(back, vec!["d-0", "d-2", "d-4", "d-6"]);
+    assert!(c.recv_timeout(Duration::from_secs(2)).await.is_none());
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn headers_of(d: &kafka_redelivery::client::Delivery) -> String {
+    d.headers()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,4 +1,4 @@
-//! The admin HTTP server: `/metrics`, `/healthz`, `/readyz`. Read-only, off the hot path: it
+//! The admin HTTP server: `/metrics`, `/healthz`, `/readyz`, `/inspect` (JSON). Read-only, off the hot path: it
 //! renders the registry only when scraped, and has no endpoint that changes anything.
 
 use std::convert::Infallible;
@@ -14,6 +14,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
+use crate::tracker::inspect::SharedView;
 use crate::tracker::Metrics;
 
 /// What the admin endpoints report on.
@@ -23,6 +24,8 @@ pub struct AdminState {
     pub metrics: Metrics,
     /// `/readyz` answers 200 when this is true.
     pub ready: Arc<AtomicBool>,
+    /// Rendered as JSON at `/inspect`.
+    pub view: SharedView,
 }
 
 /// Binds `addr` and serves until the task is dropped. Returns the bound address (useful when
@@ -74,12 +77,25 @@ async fn respond(
             );
             r
         }
+        "/inspect" => {
+            let body = state
+                .view
+                .lock()
+                .map(|v| serde_json::to_string(&*v).unwrap_or_default())
+                .unwrap_or_default();
+            let mut r = text(StatusCode::OK, body);
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
+        }
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if state.ready.load(Ordering::Relaxed) => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "catching up\n"),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found; try /metrics, /healthz or /readyz\n",
+            "not found; try /metrics, /healthz, /readyz or /inspect\n",
         ),
     })
 }

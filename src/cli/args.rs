@@ -28,6 +28,69 @@ pub enum Command {
     },
     /// Run producer, worker and tracker on an in-process mock Kafka cluster; no broker needed.
     Demo(DemoArgs),
+    /// Show what a running tracker holds, per partition, from its admin endpoint.
+    Inspect(InspectArgs),
+    /// Work with dead-letter topics.
+    Dlq {
+        /// What to do.
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+}
+
+/// `dlq` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Send dead-lettered records back to their source topic (or `--to`), at least once.
+    Redrive(RedriveArgs),
+}
+
+/// `dlq redrive` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct RedriveArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "REDELIVERY_BROKERS", default_value = "localhost:9092")]
+    pub brokers: String,
+    /// The dead-letter topic to read.
+    #[arg(long, env = "REDELIVERY_REDRIVE_DLQ_TOPIC")]
+    pub dlq_topic: String,
+    /// Send every record here instead of to its original topic.
+    #[arg(long)]
+    pub to: Option<String>,
+    /// Only records dead-lettered for this reason (repeatable): rejected, max-deliveries,
+    /// source-unreadable.
+    #[arg(long)]
+    pub reason: Vec<String>,
+    /// Only records whose original topic is this one (repeatable).
+    #[arg(long)]
+    pub source_topic: Vec<String>,
+    /// Stop after this many records are sent back.
+    #[arg(long)]
+    pub max: Option<u64>,
+    /// Count what would be sent back; send and commit nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Consumer group that keeps the redrive position (default `redelivery-redrive.<dlq>`).
+    #[arg(long)]
+    pub group_id: Option<String>,
+    /// librdkafka setting passed through as is (repeatable).
+    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_key_value)]
+    pub rdkafka: Vec<(String, String)>,
+}
+
+/// `inspect` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct InspectArgs {
+    /// The tracker's admin address (`host:port`).
+    #[arg(
+        long,
+        env = "REDELIVERY_INSPECT_ADMIN",
+        default_value = "127.0.0.1:9464"
+    )]
+    pub admin: String,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `topics` subcommands.

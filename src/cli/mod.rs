@@ -4,7 +4,9 @@
 pub mod admin;
 pub mod args;
 pub mod demo;
+pub mod inspect;
 pub mod logging;
+pub mod redrive;
 pub mod topics;
 
 use std::process::ExitCode;
@@ -12,7 +14,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use crate::tracker::{Tracker, TrackerConfig};
-use args::{Cli, Command, RunArgs, TopicsCommand};
+use args::{Cli, Command, DlqCommand, RunArgs, TopicsCommand};
 
 /// Exit code for a bad flag or environment variable (BSD `EX_USAGE`).
 pub const EX_USAGE: u8 = 64;
@@ -84,6 +86,43 @@ async fn dispatch(command: Command) -> ExitCode {
             }
         }
         Command::Demo(args) => demo::run(args).await,
+        Command::Dlq {
+            command: DlqCommand::Redrive(args),
+        } => match redrive::run(&args).await {
+            Ok(r) => {
+                let verb = if args.dry_run {
+                    "would redrive"
+                } else {
+                    "redrove"
+                };
+                println!(
+                    "{verb} {} of {} records read ({} skipped by the filters)",
+                    r.redriven, r.read, r.skipped
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Inspect(args) => match inspect::fetch(&args.admin).await {
+            Ok(view) if args.json => {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&view).unwrap_or_default()
+                );
+                ExitCode::SUCCESS
+            }
+            Ok(view) => {
+                print!("{}", inspect::table(&view));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -117,6 +156,7 @@ async fn run(args: RunArgs) -> ExitCode {
     let state = admin::AdminState {
         metrics: tracker.metrics(),
         ready: tracker.readiness(),
+        view: tracker.view(),
     };
     let admin_task = match admin::serve(args.admin_listen, state).await {
         Ok((_, task)) => task,

@@ -23,6 +23,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use crate::marker::{decode, encode, Marker};
 
 use super::config::TrackerConfig;
+use super::inspect::{PartitionView, SharedView, TrackerView};
 use super::metrics::Metrics;
 use super::partition::OwnedPartition;
 use super::redeliver::Job;
@@ -162,6 +163,7 @@ pub(crate) struct MarkersLoop {
     pub(crate) jobs: SyncSender<Job>,
     pub(crate) queued: Arc<AtomicUsize>,
     pub(crate) ready: Arc<AtomicBool>,
+    pub(crate) view: SharedView,
     pub(crate) stop: Arc<AtomicBool>,
 }
 
@@ -286,6 +288,7 @@ impl MarkersLoop {
                 continue;
             }
             self.queued.fetch_add(1, Ordering::Relaxed);
+            p.redeliveries += expiries.len() as u64;
             let job = Job {
                 markers_partition: p.id,
                 expiries,
@@ -305,17 +308,30 @@ impl MarkersLoop {
         let mut owned = self.consumer.context().lock();
         let mut tpl = TopicPartitionList::new();
         let mut all_ready = owned.assigned_once;
+        let mut views = Vec::with_capacity(owned.partitions.len());
         for p in owned.partitions.values_mut() {
             let now_ms = p.clock.now_ms(now).unwrap_or(0);
             let ready = p.is_ready();
             all_ready &= ready;
-            let Some(next) = p.next_offset else {
-                self.metrics.partition_gauges(p.id, 0, 0, ready);
-                continue;
-            };
-            let s = p.state.summary(next, now_ms);
+            let s = p.next_offset.map(|next| p.state.summary(next, now_ms));
+            let (in_flight, oldest) = s.map_or((0, 0), |s| (s.in_flight, s.oldest_age_ms));
             self.metrics
-                .partition_gauges(p.id, s.in_flight, s.oldest_age_ms, ready);
+                .partition_gauges(p.id, in_flight, oldest, ready);
+            views.push(PartitionView {
+                partition: p.id,
+                ready,
+                in_flight,
+                oldest_age_ms: oldest,
+                next_deadlines_in_ms: p
+                    .state
+                    .next_deadlines(5)
+                    .iter()
+                    .map(|d| d - now_ms)
+                    .collect(),
+                redeliveries: p.redeliveries,
+                committed_offset: p.committed,
+            });
+            let Some(s) = s else { continue };
             if p.committed != Some(s.commit_offset) {
                 let _ = tpl.add_partition_offset(
                     &self.config.markers_topic,
@@ -324,6 +340,12 @@ impl MarkersLoop {
                 );
                 p.committed = Some(s.commit_offset);
             }
+        }
+        if let Ok(mut view) = self.view.lock() {
+            *view = TrackerView {
+                ready: all_ready,
+                partitions: views,
+            };
         }
         self.ready.store(all_ready, Ordering::Relaxed);
         self.metrics.readiness(all_ready, owned.partitions.len());

@@ -5,6 +5,7 @@
 //! - [`partition`]: one owned markers partition and its catch-up.
 //! - [`action`] and [`copy`]: what to do with a due delivery, and the copy's headers.
 //! - `consumer`, `redeliver`, `source_reader`: the threads and clients that do the I/O.
+//! - [`inspect`]: the read-only view behind `/inspect`.
 //! - [`service`]: [`Tracker`], which wires them together and stops gracefully.
 
 pub mod action;
@@ -13,6 +14,7 @@ mod config;
 mod consumer;
 pub mod copy;
 mod error;
+pub mod inspect;
 mod interner;
 pub mod metrics;
 pub mod partition;

@@ -46,6 +46,8 @@ pub struct OwnedPartition {
     pub catch_up: CatchUp,
     /// The offset last committed, to skip commits that would change nothing.
     pub committed: Option<i64>,
+    /// Deliveries handed to the redelivery worker since this partition was assigned.
+    pub redeliveries: u64,
 }
 
 impl OwnedPartition {
@@ -61,6 +63,7 @@ impl OwnedPartition {
                 sent_at: None,
             },
             committed: None,
+            redeliveries: 0,
         }
     }
 

@@ -12,6 +12,7 @@ use rdkafka::producer::FutureProducer;
 use super::config::TrackerConfig;
 use super::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
 use super::error::TrackerError;
+use super::inspect::SharedView;
 use super::metrics::Metrics;
 use super::redeliver::Redeliverer;
 
@@ -32,6 +33,7 @@ pub struct Tracker {
     config: Arc<TrackerConfig>,
     metrics: Metrics,
     ready: Arc<AtomicBool>,
+    view: SharedView,
 }
 
 impl Tracker {
@@ -46,6 +48,7 @@ impl Tracker {
             config: Arc::new(config),
             metrics,
             ready: Arc::new(AtomicBool::new(false)),
+            view: SharedView::default(),
         }
     }
 
@@ -57,6 +60,11 @@ impl Tracker {
     /// True once every assigned markers partition has caught up (see `/readyz`).
     pub fn readiness(&self) -> Arc<AtomicBool> {
         self.ready.clone()
+    }
+
+    /// What the tracker holds, refreshed every commit interval (see `/inspect`).
+    pub fn view(&self) -> SharedView {
+        self.view.clone()
     }
 
     /// Runs until `shutdown` completes, then stops consuming, commits, lets the redelivery
@@ -113,6 +121,7 @@ impl Tracker {
             jobs,
             queued,
             ready: self.ready.clone(),
+            view: self.view.clone(),
             stop: stop_consumer.clone(),
         };
         let mut consumer = tokio::task::spawn_blocking(move || markers.run());

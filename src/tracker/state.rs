@@ -374,6 +374,24 @@ impl PartitionState {
         None
     }
 
+    /// The `n` earliest pending deadlines, soonest first. Scans the heap: meant for an operator's
+    /// view once a second, not for the hot path.
+    pub fn next_deadlines(&self, n: usize) -> Vec<i64> {
+        let mut live: Vec<i64> = self
+            .deadlines
+            .iter()
+            .filter(|Reverse((d, i))| self.slots[*i as usize].is_due_at(*d))
+            .map(|Reverse((d, _))| *d)
+            .collect();
+        if live.len() > n {
+            live.select_nth_unstable(n);
+            live.truncate(n);
+        }
+        live.sort_unstable();
+        live.dedup();
+        live
+    }
+
     /// Number of deliveries in flight, including those being redelivered.
     pub fn in_flight(&self) -> usize {
         self.index.len()

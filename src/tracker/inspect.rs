@@ -1,0 +1,37 @@
+//! A read-only view of what the tracker holds, refreshed every commit interval, for the admin
+//! endpoint `/inspect` and the `redelivery-tracker inspect` command.
+
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+/// One owned markers partition, as `inspect` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionView {
+    /// Markers partition number.
+    pub partition: i32,
+    /// Whether replay has finished.
+    pub ready: bool,
+    /// Deliveries in flight.
+    pub in_flight: usize,
+    /// Age of the oldest delivery in flight, in milliseconds (to within a second).
+    pub oldest_age_ms: i64,
+    /// How far in the future the next few deadlines are, in milliseconds (negative: overdue).
+    pub next_deadlines_in_ms: Vec<i64>,
+    /// Deliveries handed to the redelivery worker since this tracker took the partition.
+    pub redeliveries: u64,
+    /// The markers offset this tracker last committed, if any.
+    pub committed_offset: Option<i64>,
+}
+
+/// What `/inspect` returns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrackerView {
+    /// Every assigned partition has caught up.
+    pub ready: bool,
+    /// The partitions this tracker owns, by number.
+    pub partitions: Vec<PartitionView>,
+}
+
+/// Shared between the consumer thread, which writes it, and the admin server, which reads it.
+pub type SharedView = Arc<Mutex<TrackerView>>;
