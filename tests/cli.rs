@@ -271,6 +271,8 @@ async fn inspect_shows_what_a_running_tracker_holds() {
             assert!(!next.is_empty(), "{p}");
             // Two-minute timeouts: the next deadline is still ahead.
             assert!(next[0].as_i64().unwrap() > 60_000, "{p}");
+            let oldest = p["oldest"].as_str().unwrap();
+            assert!(oldest.starts_with(&format!("{}/", t.source)), "{p}");
         }
     }
     let table = tracker(&["inspect", "--admin", &admin], &[]);

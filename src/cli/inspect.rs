@@ -90,8 +90,8 @@ pub fn table(view: &TrackerView) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<9} {:<6} {:>9} {:>11} {:>12}  NEXT DEADLINES IN",
-        "PARTITION", "READY", "IN FLIGHT", "OLDEST AGE", "REDELIVERED"
+        "{:<9} {:<6} {:>9} {:>12}  {:<24} {:>11}  NEXT DEADLINES IN",
+        "PARTITION", "READY", "IN FLIGHT", "REDELIVERED", "OLDEST", "OLDEST AGE"
     );
     for p in &view.partitions {
         let next: Vec<String> = p
@@ -106,12 +106,13 @@ pub fn table(view: &TrackerView) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<9} {:<6} {:>9} {:>11} {:>12}  {}",
+            "{:<9} {:<6} {:>9} {:>12}  {:<24} {:>11}  {}",
             p.partition,
             if p.ready { "yes" } else { "no" },
             p.in_flight,
-            oldest,
             p.redeliveries,
+            p.oldest.as_deref().unwrap_or("-"),
+            oldest,
             if next.is_empty() {
                 "-".to_string()
             } else {
@@ -143,6 +144,7 @@ mod tests {
                     partition: 0,
                     ready: true,
                     in_flight: 3,
+                    oldest: Some("orders/0@12".into()),
                     oldest_age_ms: 65_000,
                     next_deadlines_in_ms: vec![-20, 1_500],
                     redeliveries: 7,
@@ -152,6 +154,7 @@ mod tests {
                     partition: 1,
                     ready: false,
                     in_flight: 0,
+                    oldest: None,
                     oldest_age_ms: 0,
                     next_deadlines_in_ms: vec![],
                     redeliveries: 0,
@@ -164,6 +167,7 @@ mod tests {
         assert_eq!(lines.len(), 4, "{t}");
         assert!(
             lines[1].contains("1m 5s")
+                && lines[1].contains("orders/0@12")
                 && lines[1].contains("-20ms, 1s")
                 && lines[1].contains(" 7 "),
             "{t}"

@@ -314,13 +314,19 @@ impl MarkersLoop {
             let ready = p.is_ready();
             all_ready &= ready;
             let s = p.next_offset.map(|next| p.state.summary(next, now_ms));
-            let (in_flight, oldest) = s.map_or((0, 0), |s| (s.in_flight, s.oldest_age_ms));
+            let (in_flight, oldest) = s
+                .as_ref()
+                .map_or((0, 0), |s| (s.in_flight, s.oldest_age_ms));
             self.metrics
                 .partition_gauges(p.id, in_flight, oldest, ready);
             views.push(PartitionView {
                 partition: p.id,
                 ready,
                 in_flight,
+                oldest: s
+                    .as_ref()
+                    .and_then(|s| s.oldest.as_ref())
+                    .map(ToString::to_string),
                 oldest_age_ms: oldest,
                 next_deadlines_in_ms: p
                     .state

@@ -14,6 +14,9 @@ pub struct PartitionView {
     pub ready: bool,
     /// Deliveries in flight.
     pub in_flight: usize,
+    /// The oldest delivery in flight, as `topic/partition@offset`: the one holding the markers
+    /// commit back.
+    pub oldest: Option<String>,
     /// Age of the oldest delivery in flight, in milliseconds (to within a second).
     pub oldest_age_ms: i64,
     /// How far in the future the next few deadlines are, in milliseconds (negative: overdue).

@@ -189,7 +189,7 @@ impl Oddity {
 }
 
 /// A summary for commits and metrics, computed in one pass over the state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {
     /// The markers offset it is safe to commit.
     pub commit_offset: i64,
@@ -197,6 +197,8 @@ pub struct Summary {
     pub in_flight: usize,
     /// Age in ms of the oldest delivery in flight (0 when none), to within a second.
     pub oldest_age_ms: i64,
+    /// The oldest delivery in flight: the one holding the commit back.
+    pub oldest: Option<SourceRef>,
 }
 
 /// Deliveries in progress for one markers partition.
@@ -400,20 +402,23 @@ impl PartitionState {
     /// The commit offset, size and oldest age, given the offset after the last marker read and
     /// the current partition time.
     pub fn summary(&mut self, next_offset: i64, now_ms: i64) -> Summary {
-        let min_start = self
+        let oldest = self
             .slots
             .iter()
             .filter(|s| s.meta.phase() != Phase::Free)
-            .map(|s| s.meta.start_offset())
-            .min();
-        let Some(min_start) = min_start else {
+            .min_by_key(|s| s.meta.start_offset());
+        let Some(oldest) = oldest else {
             self.time_index.clear();
             return Summary {
                 commit_offset: next_offset,
                 in_flight: 0,
                 oldest_age_ms: 0,
+                oldest: None,
             };
         };
+        let min_start = oldest.meta.start_offset();
+        let key = oldest.key;
+        let oldest = SourceRef::new(self.topics.name(key.topic), key.partition, key.offset);
         // Keep the last sample at or before the oldest Start; older ones are no longer needed.
         while self.time_index.get(1).is_some_and(|&(o, _)| o <= min_start) {
             self.time_index.pop_front();
@@ -423,6 +428,7 @@ impl PartitionState {
             commit_offset: min_start,
             in_flight: self.in_flight(),
             oldest_age_ms: (now_ms - oldest_ts).max(0),
+            oldest: Some(oldest),
         }
     }
 

@@ -154,6 +154,11 @@ fn commit_offset_is_the_oldest_start_in_flight() {
     assert_eq!(summary.commit_offset, 4);
     assert_eq!(summary.in_flight, 1);
     assert_eq!(summary.oldest_age_ms, 1_000);
+    assert_eq!(
+        summary.oldest,
+        Some(src(2)),
+        "the delivery holding the commit back"
+    );
     s.on_marker(6, 3_000, &Marker::End { source: src(2) });
     assert_eq!(s.summary(7, 3_000).commit_offset, 7);
 }
