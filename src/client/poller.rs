@@ -23,6 +23,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
+use crate::failpoint;
 use crate::headers::{self, HeaderList};
 use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
 use crate::tracker::copy::original_of;
@@ -139,6 +140,7 @@ impl Poller {
 
     /// Runs steps 1–4 for one batch. Returns false if some Start failed.
     fn process(&self, batch: Vec<Polled>) -> bool {
+        failpoint::hit("after-poll");
         let futures: Vec<_> = batch
             .iter()
             .map(|p| {
@@ -150,12 +152,14 @@ impl Poller {
                 self.settler.send(&marker)
             })
             .collect();
+        failpoint::hit("after-start-sent");
         let durable: Vec<bool> = block_on(join_all(futures.into_iter().map(|f| async move {
             match f {
                 Ok(f) => matches!(f.await, Ok(Ok(_))),
                 Err(_) => false,
             }
         })));
+        failpoint::hit("after-start-durable");
         let (handed, failed) = split_at_first_failure(batch, durable);
         for (topic, partition, offset) in &failed {
             tracing::warn!(
@@ -174,6 +178,7 @@ impl Poller {
             }
         }
         self.commit(&handed);
+        failpoint::hit("after-commit");
         for p in handed {
             self.settler.handed_out();
             let delivery = self.delivery(p);
@@ -305,6 +310,7 @@ mod tests {
             polled("a", 1, 6),
         ];
         let durable = vec![true, false, true, true, true, false];
+        failpoint::hit("after-start-durable");
         let (handed, failed) = split_at_first_failure(batch, durable);
         // a/0: 11 failed, so 12 waits even though its own Start was durable.
         assert_eq!(

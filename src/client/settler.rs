@@ -73,6 +73,9 @@ impl Settler {
             error,
         };
         let future = self.send(marker).map_err(error)?;
+        if name == "end" {
+            crate::failpoint::hit("after-end-sent");
+        }
         match future.await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err((e, _))) => Err(error(e)),

@@ -1,0 +1,28 @@
+//! Test-only crash points. With the `failpoints` feature, [`hit`] aborts the process when the
+//! environment variable `KR_FAILPOINT` names the point reached, so tests can kill a real client
+//! at each step of the protocol. Without the feature it compiles to nothing. Never enable the
+//! feature in production.
+
+/// The points, in protocol order: a batch was polled; its Starts were queued; its Starts are
+/// durable; its offsets are committed; an End was queued (by `ack`).
+pub const POINTS: [&str; 5] = [
+    "after-poll",
+    "after-start-sent",
+    "after-start-durable",
+    "after-commit",
+    "after-end-sent",
+];
+
+/// Aborts the process if `KR_FAILPOINT` is `name` (feature `failpoints` only).
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    if std::env::var("KR_FAILPOINT").is_ok_and(|v| v == name) {
+        eprintln!("failpoint {name}: aborting");
+        std::process::abort();
+    }
+}
+
+/// Does nothing: the `failpoints` feature is off.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}

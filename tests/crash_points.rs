@@ -1,0 +1,128 @@
+//! The client killed at each step of the protocol (test-only failpoints, feature `failpoints`):
+//! whatever the step, every record is acked in the end. What differs is the duplicates, and each
+//! test says which it expects.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const RECORDS: usize = 20;
+
+/// Runs the example worker until the failpoint aborts it, then acks everything with a fresh
+/// consumer in the same group. Returns the attempts the fresh consumer saw per key.
+async fn crash_at(point: &str, worker_args: &[&str]) -> HashMap<String, Vec<u32>> {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 10));
+    tracker.wait_ready().await;
+    produce_many(&t.source, 1, "c", RECORDS).await;
+    let group = unique("workers");
+    let mut worker = Command::new(example_bin("worker"))
+        .args([
+            "--brokers",
+            &brokers(),
+            "--topic",
+            &t.source,
+            "--markers-topic",
+            &t.markers,
+        ])
+        .args(["--group", &group, "--timeout", "2s"])
+        .args(worker_args)
+        .env("KR_FAILPOINT", point)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = worker.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            worker.kill().unwrap();
+            panic!("the worker never reached {point}: was it built with `--features failpoints`? (scripts/test builds it so)");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        !status.success(),
+        "the worker should have crashed at {point}"
+    );
+
+    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30));
+    let mut seen: HashMap<String, Vec<u32>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.len() < RECORDS {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let d = c
+            .recv_timeout(left)
+            .await
+            .unwrap_or_else(|| panic!("{point}: lost records; got {} of {RECORDS}", seen.len()));
+        let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
+        seen.entry(key).or_default().push(d.attempt());
+        d.ack().await.unwrap();
+    }
+    // Anything still due arrives within a few timeouts.
+    while let Some(d) = c.recv_timeout(Duration::from_secs(5)).await {
+        let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
+        seen.entry(key).or_default().push(d.attempt());
+        d.ack().await.unwrap();
+    }
+    tracker.stop().await;
+    let duplicates: usize = seen.values().map(|a| a.len() - 1).sum();
+    eprintln!("{point}: {RECORDS} records, {duplicates} delivered again after the crash");
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_poll_delivers_each_record_once_more_from_the_source() {
+    // Nothing was written or committed: the batch is simply polled again.
+    let seen = crash_at("after-poll", &[]).await;
+    assert!(seen.values().all(|a| a == &vec![1]), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_start_sent_loses_nothing() {
+    // Starts may or may not be durable, nothing is committed: the batch is polled again, and a
+    // record whose first Start outlived its timeout can also come back as a copy.
+    crash_at("after-start-sent", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_start_durable_loses_nothing() {
+    crash_at("after-start-durable", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_commit_leaves_the_batch_to_the_tracker() {
+    // Committed but never handed over: those records never come from the source again, only
+    // as redelivered copies.
+    let seen = crash_at("after-commit", &[]).await;
+    let copies: Vec<_> = seen.iter().filter(|(_, a)| a.contains(&2)).collect();
+    assert!(
+        !copies.is_empty(),
+        "the committed batch must come back as copies: {seen:?}"
+    );
+    for (key, attempts) in copies {
+        assert!(
+            !attempts.contains(&1),
+            "{key} was committed yet polled again: {attempts:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_during_processing_loses_nothing() {
+    // The worker holds deliveries and dies before settling any: all come back as copies.
+    crash_at("none", &["--crash-after", "5", "--process-time", "1h"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_end_sent_loses_nothing() {
+    // The first ack's End may or may not be durable; every other delivery in hand comes back.
+    crash_at("after-end-sent", &[]).await;
+}
