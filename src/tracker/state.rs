@@ -379,19 +379,18 @@ impl PartitionState {
     /// The `n` earliest pending deadlines, soonest first. Scans the heap: meant for an operator's
     /// view once a second, not for the hot path.
     pub fn next_deadlines(&self, n: usize) -> Vec<i64> {
-        let mut live: Vec<i64> = self
-            .deadlines
-            .iter()
-            .filter(|Reverse((d, i))| self.slots[*i as usize].is_due_at(*d))
-            .map(|Reverse((d, _))| *d)
-            .collect();
-        if live.len() > n {
-            live.select_nth_unstable(n);
-            live.truncate(n);
+        // Keep the n smallest in a small max-heap rather than collecting every deadline.
+        let mut smallest: BinaryHeap<i64> = BinaryHeap::with_capacity(n + 1);
+        for Reverse((d, i)) in self.deadlines.iter() {
+            if !self.slots[*i as usize].is_due_at(*d) || smallest.iter().any(|s| s == d) {
+                continue;
+            }
+            smallest.push(*d);
+            if smallest.len() > n {
+                smallest.pop();
+            }
         }
-        live.sort_unstable();
-        live.dedup();
-        live
+        smallest.into_sorted_vec()
     }
 
     /// Number of deliveries in flight, including those being redelivered.

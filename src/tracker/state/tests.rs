@@ -382,3 +382,15 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn next_deadlines_lists_the_soonest_distinct_live_ones() {
+    let mut s = PartitionState::new();
+    for (i, t) in [(1, 500u32), (2, 100), (3, 300), (4, 100), (5, 200), (6, 50)] {
+        s.on_marker(i, 0, &start(i, t, 1));
+    }
+    s.on_marker(7, 0, &Marker::End { source: src(6) });
+    assert_eq!(s.next_deadlines(3), vec![100, 200, 300]);
+    assert_eq!(s.next_deadlines(10), vec![100, 200, 300, 500]);
+    assert!(PartitionState::new().next_deadlines(3).is_empty());
+}
