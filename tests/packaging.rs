@@ -55,8 +55,14 @@ fn compose_as_json() -> serde_json::Value {
 }
 
 fn check_schema(file: &Path) -> bool {
-    let out = Command::new("check-jsonschema")
-        .args(["--builtin-schema", "vendor.compose-spec"])
+    // As a module, so it works right after `pip install` whatever the PATH holds.
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+        ])
         .arg(file)
         .output()
         .expect("check-jsonschema is missing: run scripts/deps");
