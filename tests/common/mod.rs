@@ -355,8 +355,32 @@ pub fn example_bin(name: &str) -> std::path::PathBuf {
     p
 }
 
+/// A child process that is killed when the test lets go of it, so a failing test leaves no
+/// tracker running behind it.
+pub struct ChildGuard(pub Child);
+
+impl std::ops::Deref for ChildGuard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ChildGuard {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the tracker binary with an admin port; returns the child and the admin address.
-pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (Child, String) {
+pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (ChildGuard, String) {
     let port = free_port();
     let admin = format!("127.0.0.1:{port}");
     let child = Command::new(tracker_bin())
@@ -381,7 +405,7 @@ pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (Child, St
         .stderr(Stdio::from(log_file(group)))
         .spawn()
         .expect("tracker binary started");
-    (child, admin)
+    (ChildGuard(child), admin)
 }
 
 fn log_file(name: &str) -> std::fs::File {
