@@ -74,3 +74,13 @@ pub fn text<'a>(headers: &'a HeaderList, name: &str) -> Option<&'a str> {
         .find(|(k, _)| k == name)
         .and_then(|(_, v)| std::str::from_utf8(v.as_deref()?).ok())
 }
+
+/// The original coordinates a redelivered or dead-lettered copy carries; `None` on an original
+/// record (or if the headers are malformed).
+pub fn original(headers: &HeaderList) -> Option<crate::marker::SourceRef> {
+    Some(crate::marker::SourceRef {
+        topic: text(headers, ORIGINAL_TOPIC)?.to_string(),
+        partition: text(headers, ORIGINAL_PARTITION)?.parse().ok()?,
+        offset: text(headers, ORIGINAL_OFFSET)?.parse().ok()?,
+    })
+}

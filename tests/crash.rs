@@ -67,17 +67,7 @@ async fn killed_worker_loses_nothing() {
     produce_many(&t.source, 2, "w", 200).await;
     let group = unique("workers");
     let max_unsettled = 40;
-    let mut worker = Command::new(example_bin("worker"))
-        .args([
-            "--brokers",
-            &brokers(),
-            "--topic",
-            &t.source,
-            "--markers-topic",
-            &t.markers,
-            "--group",
-            &group,
-        ])
+    let mut worker = worker_command(&t, &group)
         .args(["--timeout", "3s", "--process-time", "1h", "--log-received"])
         .args(["--max-unsettled", &max_unsettled.to_string()])
         .stdout(Stdio::piped())

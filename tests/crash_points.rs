@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -21,16 +21,8 @@ async fn crash_at(point: &str, worker_args: &[&str]) -> HashMap<String, Vec<u32>
     tracker.wait_ready().await;
     produce_many(&t.source, 1, "c", RECORDS).await;
     let group = unique("workers");
-    let mut worker = Command::new(example_bin("worker"))
-        .args([
-            "--brokers",
-            &brokers(),
-            "--topic",
-            &t.source,
-            "--markers-topic",
-            &t.markers,
-        ])
-        .args(["--group", &group, "--timeout", "2s"])
+    let mut worker = worker_command(&t, &group)
+        .args(["--timeout", "2s"])
         .args(worker_args)
         .env("KR_FAILPOINT", point)
         .stdout(Stdio::null())

@@ -26,7 +26,6 @@ use tokio::sync::mpsc;
 use crate::failpoint;
 use crate::headers::{self, HeaderList};
 use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
-use crate::tracker::copy::original_of;
 
 use super::config::ConsumerConfig;
 use super::delivery::Delivery;
@@ -214,7 +213,7 @@ impl Poller {
 
     fn delivery(&self, p: Polled) -> Delivery {
         let source = source_of(&p.message);
-        let original = original_of(&p.headers);
+        let original = headers::original(&p.headers);
         Delivery {
             timestamp_ms: p.message.timestamp().to_millis(),
             key: p.message.key().map(<[u8]>::to_vec),

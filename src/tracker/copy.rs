@@ -17,7 +17,7 @@ pub fn copy_headers(
     attempt: u32,
     dead_letter: Option<(DlqReason, &str)>,
 ) -> HeaderList {
-    let first = original_of(original).unwrap_or_else(|| source.clone());
+    let first = headers::original(original).unwrap_or_else(|| source.clone());
     let mut out: HeaderList = original
         .iter()
         .filter(|(k, _)| !headers::written_by_tracker(k))
@@ -36,19 +36,6 @@ pub fn copy_headers(
     out
 }
 
-/// The original coordinates a copy carries, if it is a copy.
-pub fn original_of(headers: &HeaderList) -> Option<SourceRef> {
-    Some(SourceRef {
-        topic: headers::text(headers, headers::ORIGINAL_TOPIC)?.to_string(),
-        partition: headers::text(headers, headers::ORIGINAL_PARTITION)?
-            .parse()
-            .ok()?,
-        offset: headers::text(headers, headers::ORIGINAL_OFFSET)?
-            .parse()
-            .ok()?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,7 +50,10 @@ mod tests {
         let out = copy_headers(&original, &SourceRef::new("orders", 2, 7), 2, None);
         assert_eq!(&out[..2], &original[..]);
         assert_eq!(headers::text(&out, headers::ATTEMPT), Some("2"));
-        assert_eq!(original_of(&out), Some(SourceRef::new("orders", 2, 7)));
+        assert_eq!(
+            headers::original(&out),
+            Some(SourceRef::new("orders", 2, 7))
+        );
         assert_eq!(headers::text(&out, headers::DLQ_REASON), None);
     }
 
@@ -77,7 +67,10 @@ mod tests {
         );
         let second = copy_headers(&first, &SourceRef::new("orders", 2, 90), 3, None);
         assert_eq!(headers::text(&second, headers::ATTEMPT), Some("3"));
-        assert_eq!(original_of(&second), Some(SourceRef::new("orders", 2, 7)));
+        assert_eq!(
+            headers::original(&second),
+            Some(SourceRef::new("orders", 2, 7))
+        );
         let attempts = second.iter().filter(|(k, _)| k == headers::ATTEMPT).count();
         assert_eq!(attempts, 1);
     }

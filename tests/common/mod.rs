@@ -379,6 +379,14 @@ impl Drop for ChildGuard {
     }
 }
 
+/// The example worker, set up for the test's topics and `group`; add switches and spawn it.
+pub fn worker_command(t: &Topics, group: &str) -> Command {
+    let mut c = Command::new(example_bin("worker"));
+    c.args(["--brokers", &brokers(), "--topic", &t.source])
+        .args(["--markers-topic", &t.markers, "--group", group]);
+    c
+}
+
 /// Starts the tracker binary with an admin port; returns the child and the admin address.
 pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (ChildGuard, String) {
     let port = free_port();
