@@ -8,7 +8,8 @@
 //! It writes one JSON line per settled delivery to stdout:
 //! `{"topic":..,"partition":..,"offset":..,"attempt":..,"key":..,"outcome":"ack"}` where outcome
 //! is `ack`, `nack`, `reject` or `unsettled` (abandoned, left to time out). With
-//! `--log-received` it also writes a line with outcome `received` when a delivery arrives.
+//! `--log-received` it also writes a line with outcome `received` when a delivery arrives and
+//! one with outcome `acking` just before an ack. Every line carries `at_ms`, the wall clock.
 //! `--crash-after N` aborts the process after N deliveries, with deliveries in hand.
 
 use std::io::Write;
@@ -59,21 +60,34 @@ struct Args {
     /// Also print a line when a delivery arrives.
     #[arg(long)]
     log_received: bool,
+    /// librdkafka setting passed through as is (repeatable), e.g. for SASL_SSL.
+    #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = key_value)]
+    rdkafka: Vec<(String, String)>,
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let mut consumer = RedeliveryConsumer::new(
-        ConsumerConfig::new(
-            &args.brokers,
-            &args.group,
-            args.topic.clone(),
-            &args.markers_topic,
-        )
-        .timeout(args.timeout)
-        .max_unsettled(args.max_unsettled),
-    )?;
+    // Logs on stderr (RUST_LOG, default info), so a test can see why a worker stalls.
+    kafka_redelivery::cli::logging::init(kafka_redelivery::cli::args::LogFormat::Pretty);
+    let mut config = ConsumerConfig::new(
+        &args.brokers,
+        &args.group,
+        args.topic.clone(),
+        &args.markers_topic,
+    )
+    .timeout(args.timeout)
+    .max_unsettled(args.max_unsettled);
+    for (k, v) in &args.rdkafka {
+        config = config.set(k, v);
+    }
+    let mut consumer = RedeliveryConsumer::new(config)?;
     let args = std::sync::Arc::new(args);
     let mut received = 0u64;
     while let Some(d) = consumer.recv().await {
@@ -112,6 +126,11 @@ async fn settle(d: Delivery, args: &Args) {
             .await,
         )
     } else {
+        if args.log_received {
+            // Printed before the ack, so a checker can tell an ack whose line was lost with a
+            // killed process (its End is in the markers topic) from one never made.
+            emit(&d, "acking");
+        }
         (
             "ack",
             settle_with(d, |d| async move { d.ack().await }).await,
@@ -147,6 +166,9 @@ fn json(d: &Delivery, outcome: &str) -> String {
         "key": d.key().map(|k| String::from_utf8_lossy(k).into_owned()),
         "original": d.original().map(|o| o.to_string()),
         "outcome": outcome,
+        "at_ms": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_millis() as u64),
     })
     .to_string()
 }

@@ -12,7 +12,8 @@ pub const ORIGINAL_TOPIC: &str = "kr-original-topic";
 pub const ORIGINAL_PARTITION: &str = "kr-original-partition";
 /// Offset of the original record.
 pub const ORIGINAL_OFFSET: &str = "kr-original-offset";
-/// On a dead-lettered copy: why (`rejected`, `max-deliveries`, `source-unreadable`).
+/// On a dead-lettered copy: why (`rejected`, `max-deliveries`, `source-unreadable`,
+/// `copy-rejected`).
 pub const DLQ_REASON: &str = "kr-dlq-reason";
 /// On a dead-lettered copy: detail in words (the reject reason, the read error, ...).
 pub const DLQ_DETAIL: &str = "kr-dlq-detail";

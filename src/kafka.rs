@@ -28,3 +28,90 @@ pub(crate) fn client_config(
     }
     c
 }
+
+/// A client context that remembers the first authentication or TLS failure librdkafka
+/// reports. librdkafka retries those forever like any connection error, but a wrong password
+/// or an untrusted certificate will not fix itself, so a command that sees one stops at once
+/// with the reason instead of waiting for a timeout.
+#[derive(Debug, Default)]
+pub struct AuthWatch {
+    failure: std::sync::Mutex<Option<String>>,
+}
+
+impl AuthWatch {
+    /// The first authentication or TLS failure seen, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.lock().ok().and_then(|f| f.clone())
+    }
+}
+
+impl rdkafka::producer::ProducerContext for AuthWatch {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: Self::DeliveryOpaque) {}
+}
+
+/// True for librdkafka errors that mean the credentials or certificates are wrong.
+pub fn is_auth_failure(error: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::Authentication | C::SaslAuthenticationFailed | C::SSL)
+    )
+}
+
+impl rdkafka::ClientContext for AuthWatch {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if is_auth_failure(&error) {
+            tracing::error!(%error, reason, "authentication with Kafka failed");
+            if let Ok(mut f) = self.failure.lock() {
+                f.get_or_insert_with(|| reason.to_string());
+            }
+        } else {
+            tracing::warn!(%error, reason, "kafka client error");
+        }
+    }
+}
+
+/// True for librdkafka settings whose value is a secret (passwords, private keys, OAuth
+/// client secrets): those are never printed.
+pub fn is_secret(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("password")
+        || key.contains("secret")
+        || key.ends_with(".key")
+        || key.ends_with("key.pem")
+        || key == "sasl.oauthbearer.config"
+        || key == "sasl.jaas.config"
+}
+
+/// Formats librdkafka settings for `Debug` with secret values replaced by `***`.
+pub struct Redacted<'a>(pub &'a [(String, String)]);
+
+impl std::fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(k, v)| {
+                let shown = if is_secret(k) { "***" } else { v.as_str() };
+                (k.as_str(), shown)
+            }))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_values_are_never_formatted() {
+        let settings = vec![
+            ("sasl.password".to_string(), "hunter2".to_string()),
+            ("ssl.key.password".to_string(), "k3y".to_string()),
+            ("ssl.key.pem".to_string(), "-----BEGIN".to_string()),
+            ("sasl.username".to_string(), "tracker".to_string()),
+        ];
+        let shown = format!("{:?}", Redacted(&settings));
+        assert!(!shown.contains("hunter2") && !shown.contains("k3y") && !shown.contains("BEGIN"));
+        assert!(shown.contains("tracker") && shown.contains("sasl.password"));
+    }
+}

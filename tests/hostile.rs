@@ -141,3 +141,121 @@ async fn a_record_removed_by_retention_takes_the_dead_letter_path() {
     tracker.wait_metric(&series, 2.0).await;
     tracker.stop().await;
 }
+
+/// Random bytes, so compression cannot shrink them below a size limit.
+fn noise(n: usize) -> Vec<u8> {
+    (0..n).map(|_| rand::random::<u8>()).collect()
+}
+
+/// Produces the largest record `topic` accepts (found by trying), with key `k`; returns its
+/// payload and offset. Its redelivered copy, carrying more headers, cannot fit.
+async fn largest_record(topic: &str, limit: usize) -> (Vec<u8>, i64) {
+    let p = producer();
+    for size in (limit - 200..limit).rev().step_by(4) {
+        let payload = noise(size);
+        let sent = p
+            .send(
+                FutureRecord::to(topic)
+                    .key("k")
+                    .payload(&payload)
+                    .partition(0),
+                Duration::from_secs(10),
+            )
+            .await;
+        if let Ok(d) = sent {
+            return (payload, d.offset);
+        }
+    }
+    panic!("no record fitted under {limit} bytes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_too_large_for_its_topic_goes_to_the_dead_letter_topic_whole() {
+    let t = topics(1, 1).await;
+    let source = unique("small");
+    let limit = 4_000;
+    create_topic(&source, 1, &[("max.message.bytes", &limit.to_string())]).await;
+    create_topic(&format!("{source}.dlq"), 1, &[]).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    tracker.wait_ready().await;
+    let (payload, offset) = largest_record(&source, limit).await;
+    start_for(&t.markers, SourceRef::new(source.clone(), 0, offset), 100).await;
+
+    let dlq = read(&format!("{source}.dlq"), 1, Duration::from_secs(60));
+    assert_eq!(dlq.len(), 1, "the refused copy is dead-lettered");
+    let m = &dlq[0];
+    assert_eq!(
+        header(m, headers::DLQ_REASON).as_deref(),
+        Some("copy-rejected")
+    );
+    let detail = header(m, headers::DLQ_DETAIL).unwrap();
+    assert!(
+        detail.contains("refused") && detail.contains("too large"),
+        "{detail}"
+    );
+    use rdkafka::message::Message;
+    assert_eq!(m.payload(), Some(&payload[..]), "payload intact");
+    assert_eq!(m.key(), Some(&b"k"[..]));
+    let series =
+        format!("redelivery_dead_lettered_total{{reason=\"copy-rejected\",topic=\"{source}\"}}");
+    tracker.wait_metric(&series, 1.0).await;
+    assert!(tracker.metric("redelivery_produce_errors_total{what=\"copy\"}") >= 1.0);
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_refused_everywhere_stays_in_flight_without_blocking_others() {
+    let t = topics(1, 1).await;
+    let source = unique("small");
+    let limit = 4_000;
+    create_topic(&source, 1, &[("max.message.bytes", &limit.to_string())]).await;
+    // The dead-letter topic is just as small, so the copy fits nowhere.
+    create_topic(
+        &format!("{source}.dlq"),
+        1,
+        &[("max.message.bytes", &limit.to_string())],
+    )
+    .await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    tracker.wait_ready().await;
+    let (_, offset) = largest_record(&source, limit).await;
+    start_for(&t.markers, SourceRef::new(source.clone(), 0, offset), 100).await;
+    tracker
+        .wait_metric("redelivery_parked_deliveries", 1.0)
+        .await;
+
+    // Another delivery, due after the refused one, is still redelivered.
+    let (_, ok) = produce(&t.source, Some(0), "fine", b"v", &[]).await;
+    start_for(&t.markers, SourceRef::new(t.source.clone(), 0, ok), 100).await;
+    let copies = read(&t.source, 2, Duration::from_secs(60));
+    assert_eq!(copies.len(), 2, "the original and its copy");
+    assert_eq!(header(&copies[1], headers::ATTEMPT).as_deref(), Some("2"));
+    // The refused one is still in flight, holding the markers commit.
+    assert_eq!(tracker.metric("redelivery_parked_deliveries"), 1.0);
+    assert!(tracker.metric_sum("redelivery_in_flight") >= 1.0);
+    assert!(tracker.metric("redelivery_produce_errors_total{what=\"dead_letter\"}") >= 1.0);
+    tracker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_topic_deleted_in_flight_is_dead_lettered_with_the_reason() {
+    let t = topics(1, 1).await;
+    let mut c = consumer(&t, Duration::from_secs(3));
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    tracker.wait_ready().await;
+    produce(&t.source, Some(0), "doomed", b"payload", &[]).await;
+    let d = c.recv().await.unwrap();
+    d.abandon();
+    c.close().await;
+    delete_topic(&t.source).await;
+
+    let dlq = read(&t.dlq, 1, Duration::from_secs(90));
+    assert_eq!(dlq.len(), 1, "the in-flight delivery is dead-lettered");
+    assert_eq!(
+        header(&dlq[0], headers::DLQ_REASON).as_deref(),
+        Some("source-unreadable")
+    );
+    let detail = header(&dlq[0], headers::DLQ_DETAIL).unwrap();
+    assert!(detail.contains("does not exist"), "{detail}");
+    tracker.stop().await;
+}

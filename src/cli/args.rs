@@ -58,7 +58,7 @@ pub struct RedriveArgs {
     #[arg(long)]
     pub to: Option<String>,
     /// Only records dead-lettered for this reason (repeatable): rejected, max-deliveries,
-    /// source-unreadable.
+    /// source-unreadable, copy-rejected.
     #[arg(long)]
     pub reason: Vec<String>,
     /// Only records whose original topic is this one (repeatable).
@@ -114,8 +114,9 @@ pub struct KafkaArgs {
     pub dlq_topic: String,
     /// librdkafka setting passed through as is (repeatable), e.g. `-X security.protocol=ssl`.
     /// In the environment, separate several with `;`.
+    // Values from the environment are never shown by `--help`: they may hold passwords.
     #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_key_value,
-          env = "REDELIVERY_RDKAFKA", value_delimiter = ';')]
+          env = "REDELIVERY_RDKAFKA", value_delimiter = ';', hide_env_values = true)]
     pub rdkafka: Vec<(String, String)>,
 }
 

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod inspect;
 pub mod logging;
 pub mod redrive;
+mod startup;
 pub mod topics;
 
 use std::process::ExitCode;
@@ -20,6 +21,8 @@ use args::{Cli, Command, DlqCommand, RunArgs, TopicsCommand};
 pub const EX_USAGE: u8 = 64;
 /// Exit code when the Kafka side is set up wrongly, e.g. a missing markers topic (`EX_CONFIG`).
 pub const EX_CONFIG: u8 = 78;
+/// Exit code when Kafka refuses the credentials or certificate (`EX_NOPERM`).
+pub const EX_NOPERM: u8 = 77;
 
 /// Parses the arguments and runs the command. Bad arguments print one line naming the flag and
 /// exit with [`EX_USAGE`].
@@ -128,24 +131,8 @@ async fn dispatch(command: Command) -> ExitCode {
 
 async fn run(args: RunArgs) -> ExitCode {
     logging::init(args.log_format);
-    match topics::check_markers(&args.kafka, args.min_retention).await {
-        Err(e) => {
-            tracing::error!(error = %e, "markers topic check failed");
-            eprintln!("error: {e}");
-            return ExitCode::from(EX_CONFIG);
-        }
-        Ok(problems) => {
-            for p in &problems {
-                tracing::warn!(fatal = p.fatal, "{}", p.message);
-            }
-            if let Some(p) = problems.iter().find(|p| p.fatal || args.strict_topic_check) {
-                eprintln!("error: refusing to start: {}", p.message);
-                return ExitCode::from(EX_CONFIG);
-            }
-        }
-    }
     let config = TrackerConfig {
-        group_id: args.group_id,
+        group_id: args.group_id.clone(),
         max_deliveries: args.max_deliveries,
         dlq_topic: args.kafka.dlq_topic.clone(),
         commit_interval: args.commit_interval,
@@ -158,6 +145,8 @@ async fn run(args: RunArgs) -> ExitCode {
         ready: tracker.readiness(),
         view: tracker.view(),
     };
+    // The admin server comes first, so that while Kafka cannot be reached /healthz answers
+    // and /readyz says "not ready".
     let admin_task = match admin::serve(args.admin_listen, state).await {
         Ok((_, task)) => task,
         Err(e) => {
@@ -165,7 +154,18 @@ async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let result = tracker.run(shutdown_signal()).await;
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let result = tokio::select! {
+        checked = startup::check_until_reachable(&args) => match checked {
+            Ok(()) => tracker.run(shutdown).await,
+            Err(code) => {
+                admin_task.abort();
+                return code;
+            }
+        },
+        () = &mut shutdown => Ok(()),
+    };
     admin_task.abort();
     match result {
         Ok(()) => ExitCode::SUCCESS,

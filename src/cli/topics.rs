@@ -4,9 +4,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
+
+use crate::kafka::AuthWatch;
 
 use super::args::{KafkaArgs, TopicsArgs};
 
@@ -27,6 +29,22 @@ pub enum TopicsError {
     /// The markers topic is missing or unusable.
     #[error("{0}")]
     Markers(String),
+    /// No broker answered; worth trying again.
+    #[error("no Kafka broker at {brokers} answered: {error}")]
+    Unreachable {
+        /// The bootstrap servers tried.
+        brokers: String,
+        /// librdkafka's error.
+        error: rdkafka::error::KafkaError,
+    },
+    /// The broker refused our credentials or certificate; retrying cannot help.
+    #[error("authentication with Kafka at {brokers} failed: {reason}")]
+    Auth {
+        /// The bootstrap servers tried.
+        brokers: String,
+        /// librdkafka's reason.
+        reason: String,
+    },
 }
 
 /// A problem with the markers topic settings, and whether it is fatal on its own.
@@ -38,13 +56,59 @@ pub struct SettingProblem {
     pub message: String,
 }
 
-fn admin(kafka: &KafkaArgs) -> Result<AdminClient<DefaultClientContext>, TopicsError> {
+fn client(kafka: &KafkaArgs) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &kafka.brokers);
     for (k, v) in &kafka.rdkafka {
         c.set(k, v);
     }
-    Ok(c.create()?)
+    c
+}
+
+fn admin(kafka: &KafkaArgs) -> Result<AdminClient<AuthWatch>, TopicsError> {
+    Ok(client(kafka).create_with_context(AuthWatch::default())?)
+}
+
+/// Lists the cluster's topics; tells a broker that cannot be reached (worth retrying) from
+/// credentials that are refused (not worth it).
+fn topic_names(
+    kafka: &KafkaArgs,
+    admin: &AdminClient<AuthWatch>,
+) -> Result<Vec<String>, TopicsError> {
+    // List every topic rather than ask for one: asking for a missing topic by name can make a
+    // broker with auto-creation create it, with the wrong settings. A producer (never used to
+    // produce) asks: unlike the admin client, polling it hands librdkafka's error events,
+    // among them authentication failures, to the context.
+    let _ = admin;
+    let probe: BaseProducer<AuthWatch> = client(kafka).create_with_context(AuthWatch::default())?;
+    // Ask in short rounds and poll in between, so a refused password ends the wait at once.
+    let listed = tokio::task::block_in_place(|| {
+        let mut listed = probe.client().fetch_metadata(None, Duration::from_secs(1));
+        for _ in 1..10 {
+            probe.poll(Duration::from_millis(50));
+            if listed.is_ok() || probe.context().failure().is_some() {
+                break;
+            }
+            listed = probe.client().fetch_metadata(None, Duration::from_secs(1));
+        }
+        probe.poll(Duration::from_millis(50));
+        listed
+    });
+    let auth = |reason: String| TopicsError::Auth {
+        brokers: kafka.brokers.clone(),
+        reason,
+    };
+    if let Some(reason) = probe.context().failure() {
+        return Err(auth(reason));
+    }
+    match listed {
+        Ok(md) => Ok(md.topics().iter().map(|t| t.name().to_string()).collect()),
+        Err(error) if crate::kafka::is_auth_failure(&error) => Err(auth(error.to_string())),
+        Err(error) => Err(TopicsError::Unreachable {
+            brokers: kafka.brokers.clone(),
+            error,
+        }),
+    }
 }
 
 fn options() -> AdminOptions {
@@ -82,19 +146,15 @@ pub async fn create(args: &TopicsArgs) -> Result<Vec<String>, TopicsError> {
 }
 
 /// Reads the markers topic's configuration and reports what is wrong with it. A missing topic
-/// is an error.
+/// is an error. An unreachable broker gives [`TopicsError::Unreachable`] after about 10 s;
+/// refused credentials give [`TopicsError::Auth`] as soon as the broker says so.
 pub async fn check_markers(
     kafka: &KafkaArgs,
     min_retention: Duration,
 ) -> Result<Vec<SettingProblem>, TopicsError> {
     let admin = admin(kafka)?;
     let topic = &kafka.markers_topic;
-    // List every topic rather than ask for this one: asking for a missing topic by name can
-    // make a broker with auto-creation create it, with the wrong settings.
-    let metadata = admin
-        .inner()
-        .fetch_metadata(None, Duration::from_secs(30))?;
-    if !metadata.topics().iter().any(|t| t.name() == topic.as_str()) {
+    if !topic_names(kafka, &admin)?.contains(topic) {
         return Err(TopicsError::Markers(format!(
             "markers topic `{topic}` does not exist; create it with `redelivery-tracker topics create`"
         )));

@@ -13,7 +13,7 @@ use std::time::Duration;
 ///     .set("session.timeout.ms", "10000");
 /// assert_eq!(config.max_unsettled, 500);
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConsumerConfig {
     /// Kafka bootstrap servers.
     pub brokers: String,
@@ -91,5 +91,22 @@ impl ConsumerConfig {
 
     pub(crate) fn client_config(&self, own: &[(&str, &str)]) -> rdkafka::ClientConfig {
         crate::kafka::client_config(&self.brokers, own, &self.rdkafka)
+    }
+}
+
+/// Hides secret librdkafka values.
+impl std::fmt::Debug for ConsumerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerConfig")
+            .field("brokers", &self.brokers)
+            .field("group_id", &self.group_id)
+            .field("topics", &self.topics)
+            .field("markers_topic", &self.markers_topic)
+            .field("default_timeout", &self.default_timeout)
+            .field("max_unsettled", &self.max_unsettled)
+            .field("max_batch", &self.max_batch)
+            .field("auto_keep_alive", &self.auto_keep_alive)
+            .field("rdkafka", &crate::kafka::Redacted(&self.rdkafka))
+            .finish()
     }
 }

@@ -13,6 +13,9 @@ pub enum DlqReason {
     MaxDeliveries,
     /// The source record could not be read back (retention, compaction, deleted topic).
     SourceUnreadable,
+    /// The broker refused the copy to the source topic for good (e.g. larger than the topic
+    /// allows once the redelivery headers are added, or not authorised).
+    CopyRejected,
 }
 
 impl DlqReason {
@@ -22,6 +25,7 @@ impl DlqReason {
             DlqReason::Rejected => "rejected",
             DlqReason::MaxDeliveries => "max-deliveries",
             DlqReason::SourceUnreadable => "source-unreadable",
+            DlqReason::CopyRejected => "copy-rejected",
         }
     }
 }

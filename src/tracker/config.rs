@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// Settings of one tracker process.
-#[derive(Debug, Clone)]
+/// Settings of one tracker process. `Debug` hides secret librdkafka values.
+#[derive(Clone)]
 pub struct TrackerConfig {
     /// Kafka bootstrap servers, `host:port[,host:port...]`.
     pub brokers: String,
@@ -47,5 +47,20 @@ impl TrackerConfig {
     /// operator can change anything the tracker sets.
     pub(crate) fn client_config(&self, own: &[(&str, &str)]) -> rdkafka::ClientConfig {
         crate::kafka::client_config(&self.brokers, own, &self.rdkafka)
+    }
+}
+
+impl std::fmt::Debug for TrackerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackerConfig")
+            .field("brokers", &self.brokers)
+            .field("markers_topic", &self.markers_topic)
+            .field("group_id", &self.group_id)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("dlq_topic", &self.dlq_topic)
+            .field("commit_interval", &self.commit_interval)
+            .field("expiry_batch", &self.expiry_batch)
+            .field("rdkafka", &crate::kafka::Redacted(&self.rdkafka))
+            .finish()
     }
 }

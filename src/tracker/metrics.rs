@@ -39,6 +39,7 @@ pub struct Metrics {
     source_read_errors: IntCounterVec,
     produce_errors: IntCounterVec,
     consume_errors: IntCounter,
+    parked: IntGauge,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -85,6 +86,10 @@ impl Metrics {
             r.register(Box::new(c.clone())).expect("unique metric name");
             c
         };
+        let parked = single(
+            "redelivery_parked_deliveries",
+            "Due deliveries whose copy every target refused for good; kept in flight and retried",
+        );
         let commits = single_counter(
             "redelivery_commits_total",
             "Markers offset commits that succeeded",
@@ -111,7 +116,12 @@ impl Metrics {
         r.register(Box::new(deadline_lag.clone()))
             .expect("unique metric name");
         let metrics = Metrics {
-            markers: counter(&r, "redelivery_markers_total", "Markers read, by type", &["type"]),
+            markers: counter(
+                &r,
+                "redelivery_markers_total",
+                "Markers read, by type",
+                &["type"],
+            ),
             marker_errors: counter(
                 &r,
                 "redelivery_marker_errors_total",
@@ -124,7 +134,12 @@ impl Metrics {
                 "Markers skipped because they contradict the state, by kind",
                 &["kind"],
             ),
-            in_flight: gauge(&r, "redelivery_in_flight", "Deliveries in flight", &["partition"]),
+            in_flight: gauge(
+                &r,
+                "redelivery_in_flight",
+                "Deliveries in flight",
+                &["partition"],
+            ),
             oldest_age: gauge(
                 &r,
                 "redelivery_oldest_in_flight_age_seconds",
@@ -164,7 +179,7 @@ impl Metrics {
             produce_errors: counter(
                 &r,
                 "redelivery_produce_errors_total",
-                "Failed produce attempts (retried), by what was produced (copy, dead_letter, end, tick)",
+                "Failed produce attempts, by what was produced (copy, dead_letter, end, tick)",
                 &["what"],
             ),
             registry: r,
@@ -174,6 +189,7 @@ impl Metrics {
             commits,
             commit_failures,
             consume_errors,
+            parked,
         };
         metrics.init_known_labels();
         metrics
@@ -191,7 +207,7 @@ impl Metrics {
         for kind in Oddity::ALL {
             self.odd_markers.with_label_values(&[kind.name()]);
         }
-        for what in ["copy", "end", "tick"] {
+        for what in ["copy", "dead_letter", "end", "tick"] {
             self.produce_errors.with_label_values(&[what]);
         }
     }
@@ -275,6 +291,29 @@ impl Metrics {
     pub fn produce_error(&self, what: &str, target: &str, error: &dyn std::fmt::Display) {
         tracing::warn!(what, target, %error, "produce failed; will retry");
         self.produce_errors.with_label_values(&[what]).inc();
+    }
+
+    /// The broker refused a record for good; the caller sends it elsewhere or parks it.
+    pub fn produce_refused(&self, what: &str, target: &str, error: &dyn std::fmt::Display) {
+        tracing::error!(what, target, %error, "the broker refused the record; it will not be retried as is");
+        self.produce_errors.with_label_values(&[what]).inc();
+    }
+
+    /// A due delivery could be placed nowhere; it stays in flight and is tried again later.
+    pub fn parked_delivery(&self, source: &SourceRef, why: &str, retry_in: std::time::Duration) {
+        tracing::error!(
+            topic = %source.topic,
+            partition = source.partition,
+            offset = source.offset,
+            why,
+            retry_in = ?retry_in,
+            "delivery parked: its copy was refused by the source and the dead-letter topic; it stays in flight"
+        );
+    }
+
+    /// Sets the number of parked deliveries.
+    pub fn parked(&self, n: usize) {
+        self.parked.set(n as i64);
     }
 
     /// A commit of markers offsets finished.

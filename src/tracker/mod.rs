@@ -17,6 +17,7 @@ mod error;
 pub mod inspect;
 mod interner;
 pub mod metrics;
+mod outgoing;
 pub mod partition;
 mod redeliver;
 pub mod service;

@@ -6,25 +6,31 @@
 //! End markers that let the tracker forget them. A crash anywhere in between leaves the delivery
 //! in flight in the markers log, so it is redelivered again after a restart: a duplicate at
 //! worst, never a loss.
+//!
+//! A copy the broker refuses for good (too large for its topic, a topic the tracker may not
+//! write) goes to the dead-letter topic instead, with reason `copy-rejected`. If the
+//! dead-letter topic refuses it too, the delivery is *parked*: no End is written, so it stays
+//! in flight and holds the markers commit, and it is tried again with back-off (up to
+//! [`MAX_PARK`]) without holding up other redeliveries. `redelivery_parked_deliveries` shows
+//! how many wait so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::executor::block_on;
-use futures::future::join_all;
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 
-use crate::headers::{self, HeaderList};
-use crate::marker::{encode, Marker, SourceRef};
+use crate::headers;
+use crate::marker::SourceRef;
 
 use super::action::{decide, Action, DlqReason};
 use super::config::TrackerConfig;
 use super::copy::copy_headers;
 use super::metrics::Metrics;
+use super::outgoing::{end_marker, Outgoing, Sender};
 use super::source_reader::{ReadOutcome, SourceReader};
 use super::state::{Cause, Expiry};
 
@@ -42,21 +48,19 @@ pub struct Job {
     pub taken_at: Instant,
 }
 
-/// A record to produce, owned so it can be retried.
-#[derive(Debug, Clone)]
-struct Outgoing {
-    topic: String,
-    partition: Option<i32>,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
-    headers: HeaderList,
-}
-
 /// One due delivery with its decision and, once read, its copy.
 struct Pending {
     expiry: Expiry,
     action: Action,
+    record: Option<OwnedMessage>,
     copy: Option<Outgoing>,
+}
+
+/// A delivery whose copy was refused everywhere, waiting to be tried again.
+struct Parked {
+    expiry: Expiry,
+    markers_partition: i32,
+    retry_at: Instant,
 }
 
 /// Owns the source reader and a producer; see the module docs.
@@ -66,9 +70,14 @@ pub struct Redeliverer {
     producer: FutureProducer,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
+    parked: Vec<Parked>,
+    /// How often each parked delivery has been refused, for its back-off.
+    refusals: HashMap<SourceRef, u32>,
 }
 
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest wait before a parked delivery is tried again.
+pub const MAX_PARK: Duration = Duration::from_secs(300);
 
 impl Redeliverer {
     /// Creates the worker's clients.
@@ -84,18 +93,60 @@ impl Redeliverer {
             producer,
             metrics,
             stop,
+            parked: Vec::new(),
+            refusals: HashMap::new(),
         })
     }
 
     /// Handles jobs until the sender is dropped or a stop is requested.
     /// `queued` counts jobs sent but not yet finished; the consumer reads it to bound the queue.
-    pub fn run(self, jobs: Receiver<Job>, queued: &AtomicUsize) {
-        while let Ok(job) = jobs.recv() {
+    pub fn run(mut self, jobs: Receiver<Job>, queued: &AtomicUsize) {
+        loop {
+            let next = match self.parked.iter().map(|p| p.retry_at).min() {
+                Some(at) => jobs.recv_timeout(at.saturating_duration_since(Instant::now())),
+                None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            };
             if self.stopping() {
                 break;
             }
-            self.handle(job);
-            queued.fetch_sub(1, Ordering::Relaxed);
+            match next {
+                Ok(job) => {
+                    self.handle(job);
+                    queued.fetch_sub(1, Ordering::Relaxed);
+                }
+                Err(RecvTimeoutError::Timeout) => self.retry_parked(),
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+    }
+
+    /// Hands the parked deliveries that are due back to [`Self::handle`], one job per markers
+    /// partition.
+    fn retry_parked(&mut self) {
+        let now = Instant::now();
+        let (due, wait): (Vec<Parked>, Vec<Parked>) =
+            self.parked.drain(..).partition(|p| p.retry_at <= now);
+        self.parked = wait;
+        let mut jobs: BTreeMap<i32, Vec<Expiry>> = BTreeMap::new();
+        for p in due {
+            jobs.entry(p.markers_partition).or_default().push(p.expiry);
+        }
+        for (markers_partition, expiries) in jobs {
+            self.handle(Job {
+                markers_partition,
+                expiries,
+                taken_at_ms: 0,
+                taken_at: now,
+            });
+        }
+        self.metrics.parked(self.parked.len());
+    }
+
+    fn sender(&self) -> Sender<'_> {
+        Sender {
+            producer: &self.producer,
+            metrics: &self.metrics,
+            stop: &self.stop,
         }
     }
 
@@ -103,33 +154,90 @@ impl Redeliverer {
         self.stop.load(Ordering::Relaxed)
     }
 
-    fn handle(&self, job: Job) {
-        let pending = self.read_sources(job.expiries);
+    fn handle(&mut self, job: Job) {
+        let mut pending = self.read_sources(job.expiries);
         if self.stopping() {
             return;
         }
-        let copies: Vec<Outgoing> = pending.iter().filter_map(|p| p.copy.clone()).collect();
-        if !self.send_all("copy", &copies) {
+        let Some(refused) = self.send_copies(&mut pending) else {
             return;
+        };
+        let (done, refused): (Vec<(Pending, Option<String>)>, Vec<_>) = pending
+            .into_iter()
+            .zip(refused)
+            .partition(|(_, r)| r.is_none());
+        for (p, why) in refused {
+            self.park(p.expiry, job.markers_partition, why.unwrap_or_default());
         }
+        self.metrics.parked(self.parked.len());
+        // A parked delivery's lag is not measured: its first try was when it was due.
+        let measure = job.taken_at_ms > 0;
         let lag_base = job.taken_at_ms as f64 / 1000.0;
-        for p in &pending {
-            let now = lag_base + job.taken_at.elapsed().as_secs_f64();
-            self.metrics
-                .deadline_lag(now - p.expiry.deadline_ms as f64 / 1000.0);
+        let mut ends = Vec::with_capacity(done.len());
+        for (p, _) in &done {
+            if measure {
+                let now = lag_base + job.taken_at.elapsed().as_secs_f64();
+                self.metrics
+                    .deadline_lag(now - p.expiry.deadline_ms as f64 / 1000.0);
+            }
+            self.refusals.remove(&p.expiry.source);
             self.count(p);
+            ends.push(end_marker(
+                &self.config.markers_topic,
+                job.markers_partition,
+                &p.expiry.source,
+            ));
         }
-        let ends: Vec<Outgoing> = pending
-            .iter()
-            .map(|p| {
-                end_marker(
-                    &self.config.markers_topic,
-                    job.markers_partition,
-                    &p.expiry.source,
-                )
-            })
+        self.sender().send_all(&ends);
+    }
+
+    /// Produces every copy; a copy to the source refused for good goes to the dead-letter
+    /// topic instead. Returns, per pending delivery, why its copy could not be placed anywhere
+    /// (`None` when it was); `None` overall if stopping.
+    fn send_copies(&self, pending: &mut [Pending]) -> Option<Vec<Option<String>>> {
+        let mut refused = vec![None; pending.len()];
+        let mut round: Vec<usize> = (0..pending.len())
+            .filter(|&i| pending[i].copy.is_some())
             .collect();
-        self.send_all("end", &ends);
+        while !round.is_empty() {
+            let copies: Vec<Outgoing> = round
+                .iter()
+                .filter_map(|&i| pending[i].copy.clone())
+                .collect();
+            let results = self.sender().send_all(&copies)?;
+            let mut next = Vec::new();
+            for (i, result) in round.into_iter().zip(results) {
+                let Err(why) = result else { continue };
+                let p = &mut pending[i];
+                if let Action::Redeliver { .. } = p.action {
+                    // Try the dead-letter topic, once, in the next round.
+                    p.action = Action::DeadLetter {
+                        reason: DlqReason::CopyRejected,
+                        detail: format!("the copy to {} was refused: {why}", p.expiry.source.topic),
+                    };
+                    p.copy = Some(self.build_copy(&p.expiry, &p.action, p.record.as_ref()));
+                    next.push(i);
+                } else {
+                    refused[i] = Some(why);
+                }
+            }
+            round = next;
+        }
+        Some(refused)
+    }
+
+    /// Keeps a delivery whose copy nobody accepted in flight, to try again later.
+    fn park(&mut self, expiry: Expiry, markers_partition: i32, why: String) {
+        let refusals = self.refusals.entry(expiry.source.clone()).or_insert(0);
+        *refusals += 1;
+        let wait =
+            (Duration::from_secs(5) * 2u32.saturating_pow((*refusals - 1).min(10))).min(MAX_PARK);
+        self.metrics.parked_delivery(&expiry.source, &why, wait);
+        self.parked.push(Parked {
+            expiry,
+            markers_partition,
+            retry_at: Instant::now() + wait,
+        });
     }
 
     fn count(&self, p: &Pending) {
@@ -151,7 +259,7 @@ impl Redeliverer {
     }
 
     /// Reads every source record, retrying errors that may pass, and builds the copies.
-    fn read_sources(&self, expiries: Vec<Expiry>) -> Vec<Pending> {
+    fn read_sources(&mut self, expiries: Vec<Expiry>) -> Vec<Pending> {
         let mut groups: BTreeMap<(String, i32), Vec<Expiry>> = BTreeMap::new();
         for e in expiries {
             groups
@@ -173,7 +281,7 @@ impl Redeliverer {
     }
 
     fn read_group(
-        &self,
+        &mut self,
         topic: &str,
         partition: i32,
         group: &[Expiry],
@@ -196,6 +304,9 @@ impl Redeliverer {
                 self.metrics.source_read_error(&at, &error);
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
+                if let Err(e) = self.reader.reset(&self.config) {
+                    self.metrics.source_read_error(&at, &e);
+                }
             }
         }
     }
@@ -215,6 +326,7 @@ impl Redeliverer {
                 return Pending {
                     expiry,
                     action,
+                    record: None,
                     copy: None,
                 }
             }
@@ -223,6 +335,7 @@ impl Redeliverer {
         Pending {
             expiry,
             action,
+            record,
             copy,
         }
     }
@@ -235,80 +348,27 @@ impl Redeliverer {
     ) -> Outgoing {
         let original = record.map_or_else(Vec::new, |m| headers::from_kafka(m.headers()));
         let source = &expiry.source;
-        let (topic, partition, headers) = match action {
+        let (what, topic, partition, headers) = match action {
             Action::Redeliver { attempt } => (
+                "copy",
                 source.topic.clone(),
                 Some(source.partition),
                 copy_headers(&original, source, *attempt, None),
             ),
             Action::DeadLetter { reason, detail } => (
+                "dead_letter",
                 self.config.dlq_topic_for(&source.topic),
                 None,
                 copy_headers(&original, source, expiry.attempt, Some((*reason, detail))),
             ),
         };
         Outgoing {
+            what,
             topic,
             partition,
             key: record.and_then(|m| m.key().map(<[u8]>::to_vec)),
             payload: record.and_then(|m| m.payload().map(<[u8]>::to_vec)),
             headers,
         }
-    }
-
-    /// Produces every record and waits until all are durable, retrying failures with back-off.
-    /// Returns false only if a stop was requested first.
-    fn send_all(&self, what: &str, records: &[Outgoing]) -> bool {
-        let mut left: Vec<&Outgoing> = records.iter().collect();
-        let mut backoff = Duration::from_millis(100);
-        while !left.is_empty() {
-            if self.stopping() {
-                return false;
-            }
-            let results = block_on(join_all(left.iter().map(|r| self.send(r))));
-            let mut failed = Vec::new();
-            for (r, result) in left.into_iter().zip(results) {
-                if let Err(e) = result {
-                    self.metrics.produce_error(what, &r.topic, &e);
-                    failed.push(r);
-                }
-            }
-            if !failed.is_empty() {
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-            left = failed;
-        }
-        true
-    }
-
-    async fn send(&self, r: &Outgoing) -> Result<(), rdkafka::error::KafkaError> {
-        let mut record = FutureRecord::to(&r.topic).headers(headers::to_kafka(&r.headers));
-        if let Some(p) = r.partition {
-            record = record.partition(p);
-        }
-        if let Some(k) = &r.key {
-            record = record.key(k);
-        }
-        if let Some(v) = &r.payload {
-            record = record.payload(v);
-        }
-        self.producer
-            .send(record, Duration::from_secs(5))
-            .await
-            .map(|_| ())
-            .map_err(|(e, _)| e)
-    }
-}
-
-fn end_marker(markers_topic: &str, partition: i32, source: &SourceRef) -> Outgoing {
-    Outgoing {
-        topic: markers_topic.to_string(),
-        partition: Some(partition),
-        key: None,
-        payload: Some(encode(&Marker::End {
-            source: source.clone(),
-        })),
-        headers: Vec::new(),
     }
 }

@@ -75,6 +75,8 @@ impl Tracker {
                 "max deliveries must be at least 1".into(),
             ));
         }
+        // Debug output of the config hides secret librdkafka values (passwords, keys).
+        tracing::debug!(config = ?self.config, "tracker starting");
         let consumer: BaseConsumer<TrackerContext> = self
             .config
             .client_config(&[

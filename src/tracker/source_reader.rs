@@ -60,6 +60,22 @@ pub struct SourceReader {
     timeout: Duration,
 }
 
+fn reader_consumer(config: &TrackerConfig) -> Result<BaseConsumer<ReaderContext>, TrackerError> {
+    config
+        .client_config(&[
+            ("group.id", &format!("{}-reader", config.group_id)),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("enable.partition.eof", "true"),
+            // Never jump elsewhere when the offset is gone: report it.
+            ("auto.offset.reset", "error"),
+            ("fetch.wait.max.ms", "10"),
+            ("isolation.level", "read_committed"),
+        ])
+        .create_with_context(ReaderContext)
+        .map_err(TrackerError::kafka("creating the source reader"))
+}
+
 /// Offsets further apart than this are fetched with a new assignment rather than by reading
 /// through the records between them.
 const MAX_SCAN_GAP: i64 = 256;
@@ -67,23 +83,21 @@ const MAX_SCAN_GAP: i64 = 256;
 impl SourceReader {
     /// Creates the reader's consumer.
     pub fn new(config: &TrackerConfig) -> Result<Self, TrackerError> {
-        let consumer = config
-            .client_config(&[
-                ("group.id", &format!("{}-reader", config.group_id)),
-                ("enable.auto.commit", "false"),
-                ("enable.auto.offset.store", "false"),
-                ("enable.partition.eof", "true"),
-                // Never jump elsewhere when the offset is gone: report it.
-                ("auto.offset.reset", "error"),
-                ("fetch.wait.max.ms", "10"),
-                ("isolation.level", "read_committed"),
-            ])
-            .create_with_context(ReaderContext)
-            .map_err(TrackerError::kafka("creating the source reader"))?;
         Ok(SourceReader {
-            consumer,
+            consumer: reader_consumer(config)?,
             timeout: Duration::from_secs(10),
         })
+    }
+
+    /// Replaces the consumer with a new one.
+    ///
+    /// The reader sits idle between redeliveries, and after a broker outage librdkafka was
+    /// seen to leave such an idle consumer reporting "all brokers down" for minutes after the
+    /// broker was back (found by the fault-injection suite). A fresh consumer connects at once,
+    /// so the worker starts over with one after a failed read.
+    pub fn reset(&mut self, config: &TrackerConfig) -> Result<(), TrackerError> {
+        self.consumer = reader_consumer(config)?;
+        Ok(())
     }
 
     /// Reads `offsets` (ascending) of one source partition. Returns one outcome per offset

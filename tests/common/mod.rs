@@ -11,12 +11,11 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use kafka_redelivery::tracker::{Metrics, Tracker, TrackerConfig};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::FutureProducer;
+
+mod cluster;
+pub use cluster::Cluster;
 
 /// The broker's bootstrap address; starts the broker on first use.
 pub fn brokers() -> String {
@@ -50,52 +49,16 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", rand::random::<u64>())
 }
 
-fn admin() -> AdminClient<DefaultClientContext> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap()
-}
-
-/// Creates a topic and waits until its metadata is visible.
+/// Creates a topic on the shared broker and waits until its metadata is visible.
 pub async fn create_topic(name: &str, partitions: i32, config: &[(&str, &str)]) {
-    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    for (k, v) in config {
-        topic = topic.set(k, v);
-    }
-    let result = admin()
-        .create_topics(&[topic], &AdminOptions::new())
+    Cluster::shared()
+        .create_topic(name, partitions, config)
         .await
-        .unwrap();
-    result.into_iter().next().unwrap().expect("topic created");
-    let probe: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .create()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let md = probe.fetch_metadata(Some(name), Duration::from_secs(5));
-        if let Ok(md) = md {
-            if md.topics().iter().any(|t| {
-                t.name() == name
-                    && t.error().is_none()
-                    && t.partitions().len() == partitions as usize
-            }) {
-                return;
-            }
-        }
-        assert!(Instant::now() < deadline, "topic {name} never appeared");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
-/// Deletes a topic.
+/// Deletes a topic on the shared broker.
 pub async fn delete_topic(name: &str) {
-    let r = admin()
-        .delete_topics(&[name], &AdminOptions::new())
-        .await
-        .unwrap();
-    r.into_iter().next().unwrap().expect("topic deleted");
+    Cluster::shared().delete_topic(name).await
 }
 
 /// Source, markers and dead-letter topics for one test.
@@ -105,32 +68,16 @@ pub struct Topics {
     pub dlq: String,
 }
 
-/// Creates a source topic, a markers topic (LogAppendTime) and its dead-letter topic.
+/// Creates a source topic, a markers topic (LogAppendTime) and its dead-letter topic on the
+/// shared broker.
 pub async fn topics(source_partitions: i32, markers_partitions: i32) -> Topics {
-    let source = unique("src");
-    let markers = format!("{source}.markers");
-    let dlq = format!("{source}.dlq");
-    create_topic(&source, source_partitions, &[]).await;
-    create_topic(
-        &markers,
-        markers_partitions,
-        &[("message.timestamp.type", "LogAppendTime")],
-    )
-    .await;
-    create_topic(&dlq, 1, &[]).await;
-    Topics {
-        source,
-        markers,
-        dlq,
-    }
+    Cluster::shared()
+        .topics(source_partitions, markers_partitions)
+        .await
 }
 
 pub fn producer() -> FutureProducer {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap()
+    Cluster::shared().producer()
 }
 
 /// Produces one record with a key, a payload and headers; returns (partition, offset).
@@ -141,65 +88,21 @@ pub async fn produce(
     payload: &[u8],
     headers: &[(&str, &str)],
 ) -> (i32, i64) {
-    let mut h = OwnedHeaders::new();
-    for (k, v) in headers {
-        h = h.insert(Header {
-            key: k,
-            value: Some(v.as_bytes()),
-        });
-    }
-    let mut record = FutureRecord::to(topic).key(key).payload(payload).headers(h);
-    if let Some(p) = partition {
-        record = record.partition(p);
-    }
-    let d = producer()
-        .send(record, Duration::from_secs(10))
+    Cluster::shared()
+        .produce(topic, partition, key, payload, headers)
         .await
-        .map_err(|(e, _)| e)
-        .unwrap();
-    (d.partition, d.offset)
 }
 
 /// Produces `n` records keyed `{prefix}-{i}` round-robin over `partitions`.
 pub async fn produce_many(topic: &str, partitions: i32, prefix: &str, n: usize) {
-    let p = producer();
-    let futures = (0..n).map(|i| {
-        let key = format!("{prefix}-{i}");
-        let p = &p;
-        async move {
-            p.send(
-                FutureRecord::to(topic)
-                    .key(&key)
-                    .payload(key.as_bytes())
-                    .partition((i as i32) % partitions),
-                Duration::from_secs(10),
-            )
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
-        }
-    });
-    futures::future::join_all(futures).await;
+    Cluster::shared()
+        .produce_many(topic, partitions, prefix, n)
+        .await
 }
 
 /// Reads `topic` from the start until `n` records arrived or `timeout` passed.
 pub fn read(topic: &str, n: usize, timeout: Duration) -> Vec<OwnedMessage> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers())
-        .set("group.id", unique("reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    c.subscribe(&[topic]).unwrap();
-    let deadline = Instant::now() + timeout;
-    let mut out = Vec::new();
-    while out.len() < n && Instant::now() < deadline {
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
-            out.push(m.detach());
-        }
-    }
-    out
+    Cluster::shared().read(topic, n, timeout)
 }
 
 /// Value of header `name` as text.
@@ -323,21 +226,12 @@ pub fn consumer_of(
     group: &str,
     timeout: Duration,
 ) -> kafka_redelivery::client::RedeliveryConsumer {
-    kafka_redelivery::client::RedeliveryConsumer::new(
-        kafka_redelivery::client::ConsumerConfig::new(brokers(), group, [source], markers)
-            .timeout(timeout),
-    )
-    .expect("consumer created")
+    Cluster::shared().consumer_of(source, markers, group, timeout)
 }
 
 /// A tracker config for tests: fast commits, the given max deliveries.
 pub fn tracker_config(t: &Topics, max_deliveries: u32) -> TrackerConfig {
-    TrackerConfig {
-        group_id: unique("tracker"),
-        max_deliveries,
-        commit_interval: Duration::from_millis(200),
-        ..TrackerConfig::new(brokers(), &t.markers)
-    }
+    Cluster::shared().tracker_config(t, max_deliveries)
 }
 
 /// Path of a binary built by cargo for these tests.
@@ -381,42 +275,16 @@ impl Drop for ChildGuard {
 
 /// The example worker, set up for the test's topics and `group`; add switches and spawn it.
 pub fn worker_command(t: &Topics, group: &str) -> Command {
-    let mut c = Command::new(example_bin("worker"));
-    c.args(["--brokers", &brokers(), "--topic", &t.source])
-        .args(["--markers-topic", &t.markers, "--group", group]);
-    c
+    Cluster::shared().worker_command(t, group)
 }
 
 /// Starts the tracker binary with an admin port; returns the child and the admin address.
 pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (ChildGuard, String) {
-    let port = free_port();
-    let admin = format!("127.0.0.1:{port}");
-    let child = Command::new(tracker_bin())
-        .args([
-            "run",
-            "--brokers",
-            &brokers(),
-            "--markers-topic",
-            &t.markers,
-            "--group-id",
-            group,
-        ])
-        .args([
-            "--admin-listen",
-            &admin,
-            "--max-deliveries",
-            &max_deliveries.to_string(),
-        ])
-        .args(["--commit-interval", "200ms"])
-        .env("RUST_LOG", "info,kafka_redelivery=debug")
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log_file(group)))
-        .spawn()
-        .expect("tracker binary started");
-    (ChildGuard(child), admin)
+    Cluster::shared().spawn_tracker(t, group, max_deliveries)
 }
 
-fn log_file(name: &str) -> std::fs::File {
+/// A file under the test target directory for a child process's log.
+pub fn log_file(name: &str) -> std::fs::File {
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("logs");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::File::create(dir.join(format!("{name}-{}.log", rand::random::<u32>()))).unwrap()

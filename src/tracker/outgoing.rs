@@ -1,0 +1,167 @@
+//! Producing the tracker's own records (copies, dead letters, Ends) and telling apart the
+//! errors worth retrying from those the broker will repeat forever.
+//!
+//! A broker away or a leader moving passes, so those sends are retried with back-off until
+//! they succeed. A record the broker refuses for what it is (too large for the topic, a topic
+//! the tracker may not write, an invalid record) will be refused again, so retrying it would
+//! only stall every other redelivery behind it: it is reported back as refused, and the caller
+//! decides where else it may go.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::executor::block_on;
+use futures::future::join_all;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+
+use crate::headers::{self, HeaderList};
+use crate::marker::{encode, Marker, SourceRef};
+
+use super::metrics::Metrics;
+
+/// A record to produce, owned so it can be retried.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// What it is (`copy`, `dead_letter`, `end`), for the `what` label of produce errors.
+    pub what: &'static str,
+    /// Target topic.
+    pub topic: String,
+    /// Target partition; `None` lets the partitioner choose.
+    pub partition: Option<i32>,
+    /// Key, as in the original record.
+    pub key: Option<Vec<u8>>,
+    /// Payload, as in the original record.
+    pub payload: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: HeaderList,
+}
+
+/// The End marker that lets the tracker forget `source`.
+pub fn end_marker(markers_topic: &str, partition: i32, source: &SourceRef) -> Outgoing {
+    Outgoing {
+        what: "end",
+        topic: markers_topic.to_string(),
+        partition: Some(partition),
+        key: None,
+        payload: Some(encode(&Marker::End {
+            source: source.clone(),
+        })),
+        headers: Vec::new(),
+    }
+}
+
+/// True for errors that retrying the same record cannot fix.
+pub fn refused_for_good(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::MessageSizeTooLarge
+                | RDKafkaErrorCode::InvalidMessageSize
+                | RDKafkaErrorCode::InvalidRecord
+                | RDKafkaErrorCode::InvalidMessage
+                | RDKafkaErrorCode::TopicAuthorizationFailed
+                | RDKafkaErrorCode::ClusterAuthorizationFailed
+                | RDKafkaErrorCode::InvalidTopic
+                | RDKafkaErrorCode::InvalidRequiredAcks
+        )
+    )
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Sends records and waits until each is durable or refused for good.
+pub struct Sender<'a> {
+    /// The idempotent, `acks=all` producer.
+    pub producer: &'a FutureProducer,
+    /// Where failures are logged and counted.
+    pub metrics: &'a Metrics,
+    /// Set when the tracker stops; retrying ends then.
+    pub stop: &'a AtomicBool,
+}
+
+impl Sender<'_> {
+    /// Produces every record, retrying errors that may pass with back-off. Returns, per
+    /// record, `Ok` once durable or `Err(reason)` if the broker refused it for good; `None`
+    /// if a stop was requested before everything was settled.
+    pub fn send_all(&self, records: &[Outgoing]) -> Option<Vec<Result<(), String>>> {
+        let mut results: Vec<Option<Result<(), String>>> = vec![None; records.len()];
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let left: Vec<usize> = (0..records.len())
+                .filter(|&i| results[i].is_none())
+                .collect();
+            if left.is_empty() {
+                return Some(results.into_iter().flatten().collect());
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return None;
+            }
+            let sent = block_on(join_all(left.iter().map(|&i| self.send(&records[i]))));
+            let mut retry = false;
+            for (i, result) in left.into_iter().zip(sent) {
+                match result {
+                    Ok(()) => results[i] = Some(Ok(())),
+                    Err(e) if refused_for_good(&e) => {
+                        self.metrics
+                            .produce_refused(records[i].what, &records[i].topic, &e);
+                        results[i] = Some(Err(e.to_string()));
+                    }
+                    Err(e) => {
+                        self.metrics
+                            .produce_error(records[i].what, &records[i].topic, &e);
+                        retry = true;
+                    }
+                }
+            }
+            if retry {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+
+    async fn send(&self, r: &Outgoing) -> Result<(), KafkaError> {
+        let mut record = FutureRecord::to(&r.topic).headers(headers::to_kafka(&r.headers));
+        if let Some(p) = r.partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = &r.key {
+            record = record.key(k);
+        }
+        if let Some(v) = &r.payload {
+            record = record.payload(v);
+        }
+        self.producer
+            .send(record, Duration::from_secs(5))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_and_authorisation_errors_are_for_good_transport_errors_are_not() {
+        let produce = |c| KafkaError::MessageProduction(c);
+        assert!(refused_for_good(&produce(
+            RDKafkaErrorCode::MessageSizeTooLarge
+        )));
+        assert!(refused_for_good(&produce(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+        )));
+        assert!(!refused_for_good(&produce(
+            RDKafkaErrorCode::BrokerTransportFailure
+        )));
+        assert!(!refused_for_good(&produce(
+            RDKafkaErrorCode::MessageTimedOut
+        )));
+        assert!(!refused_for_good(&produce(
+            RDKafkaErrorCode::NotLeaderForPartition
+        )));
+    }
+}

@@ -1,0 +1,385 @@
+//! A Kafka broker the tests talk to: the shared one, or a private instance that a test may
+//! stop, kill, resume or secure without disturbing the tests running beside it.
+
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+use kafka_redelivery::tracker::TrackerConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+
+use super::{brokers, free_port, log_file, tracker_bin, unique, ChildGuard, Topics};
+
+/// A broker and the client settings it needs.
+pub struct Cluster {
+    /// Bootstrap address.
+    pub addr: String,
+    /// librdkafka settings every client of this cluster needs (security), as the super user.
+    pub settings: Vec<(String, String)>,
+    /// The `KAFKA_INSTANCE` name of a private broker; `None` for the shared one.
+    instance: Option<String>,
+    /// Extra environment for `scripts/kafka` (security mode, users).
+    env: Vec<(String, String)>,
+}
+
+/// The password of the secured broker's super user (see `scripts/kafka`).
+pub const ADMIN_PASSWORD: &str = "admin-secret";
+
+impl Cluster {
+    /// The broker every ordinary test shares.
+    pub fn shared() -> &'static Cluster {
+        static SHARED: OnceLock<Cluster> = OnceLock::new();
+        SHARED.get_or_init(|| Cluster {
+            addr: brokers(),
+            settings: Vec::new(),
+            instance: None,
+            env: Vec::new(),
+        })
+    }
+
+    /// Starts a private plaintext broker; it is stopped and wiped when dropped.
+    pub fn private(prefix: &str) -> Cluster {
+        Self::start_private(prefix, Vec::new())
+    }
+
+    /// Starts a private SASL_SSL (SCRAM-SHA-512) broker with the standard authorizer and the
+    /// given `(user, password)` SCRAM users besides `admin`.
+    pub fn secured(prefix: &str, users: &[(&str, &str)]) -> Cluster {
+        let users: Vec<String> = users.iter().map(|(u, p)| format!("{u}:{p}")).collect();
+        let env = vec![
+            ("KAFKA_SECURITY".to_string(), "sasl_ssl".to_string()),
+            ("KAFKA_SCRAM_USERS".to_string(), users.join(" ")),
+        ];
+        let mut cluster = Self::start_private(prefix, env);
+        cluster.settings = cluster.user_settings("admin", ADMIN_PASSWORD);
+        cluster
+    }
+
+    fn start_private(prefix: &str, env: Vec<(String, String)>) -> Cluster {
+        let mut cluster = Cluster {
+            addr: String::new(),
+            settings: Vec::new(),
+            instance: Some(unique(prefix)),
+            env,
+        };
+        let out = cluster.script(&["start"]);
+        assert!(out.status.success(), "private broker did not start");
+        cluster.addr = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .expect("scripts/kafka printed no address")
+            .trim()
+            .to_string();
+        cluster
+    }
+
+    /// Runs `scripts/kafka` for this broker.
+    pub fn script(&self, args: &[&str]) -> Output {
+        let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka"));
+        c.args(args).stderr(Stdio::inherit());
+        if let Some(i) = &self.instance {
+            c.env("KAFKA_INSTANCE", i);
+        }
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.output().expect("scripts/kafka could not be run")
+    }
+
+    /// The folder holding this private broker's data, certificate and logs.
+    pub fn run_dir(&self) -> std::path::PathBuf {
+        let i = self.instance.as_deref().expect("only private brokers");
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/kafka/run-{i}"))
+    }
+
+    /// Settings for a client logging in as `user` on the secured broker.
+    pub fn user_settings(&self, user: &str, password: &str) -> Vec<(String, String)> {
+        let ca = self.run_dir().join("ca.pem");
+        [
+            ("security.protocol", "SASL_SSL"),
+            ("sasl.mechanism", "SCRAM-SHA-512"),
+            ("sasl.username", user),
+            ("sasl.password", password),
+            ("ssl.ca.location", &ca.to_string_lossy()),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    /// Stops a private broker cleanly (SIGTERM), keeping its data.
+    pub fn stop(&self) {
+        assert!(self.script(&["stop"]).status.success());
+    }
+
+    /// Kills a private broker (SIGKILL), keeping its data.
+    pub fn kill(&self) {
+        assert!(self.script(&["kill"]).status.success());
+    }
+
+    /// Starts a stopped private broker again, on the same address with the same data.
+    pub fn resume(&self) {
+        assert!(
+            self.script(&["resume"]).status.success(),
+            "broker did not resume"
+        );
+    }
+
+    /// A librdkafka config for this broker.
+    pub fn client(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.addr);
+        for (k, v) in &self.settings {
+            c.set(k, v);
+        }
+        c
+    }
+
+    fn admin(&self) -> AdminClient<DefaultClientContext> {
+        self.client().create().unwrap()
+    }
+
+    /// Creates a topic and waits until its metadata is visible.
+    pub async fn create_topic(&self, name: &str, partitions: i32, config: &[(&str, &str)]) {
+        let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+        for (k, v) in config {
+            topic = topic.set(k, v);
+        }
+        let result = self
+            .admin()
+            .create_topics(&[topic], &AdminOptions::new())
+            .await
+            .unwrap();
+        result.into_iter().next().unwrap().expect("topic created");
+        let probe: BaseConsumer = self.client().create().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let md = probe.fetch_metadata(Some(name), Duration::from_secs(5));
+            if let Ok(md) = md {
+                if md.topics().iter().any(|t| {
+                    t.name() == name
+                        && t.error().is_none()
+                        && t.partitions().len() == partitions as usize
+                }) {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "topic {name} never appeared");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Deletes a topic.
+    pub async fn delete_topic(&self, name: &str) {
+        let r = self
+            .admin()
+            .delete_topics(&[name], &AdminOptions::new())
+            .await
+            .unwrap();
+        r.into_iter().next().unwrap().expect("topic deleted");
+    }
+
+    /// Creates a source topic, a markers topic (LogAppendTime) and its dead-letter topic.
+    pub async fn topics(&self, source_partitions: i32, markers_partitions: i32) -> Topics {
+        let source = unique("src");
+        let markers = format!("{source}.markers");
+        let dlq = format!("{source}.dlq");
+        self.create_topic(&source, source_partitions, &[]).await;
+        self.create_topic(
+            &markers,
+            markers_partitions,
+            &[("message.timestamp.type", "LogAppendTime")],
+        )
+        .await;
+        self.create_topic(&dlq, 1, &[]).await;
+        Topics {
+            source,
+            markers,
+            dlq,
+        }
+    }
+
+    /// An idempotent producer.
+    pub fn producer(&self) -> FutureProducer {
+        self.client()
+            .set("enable.idempotence", "true")
+            .create()
+            .unwrap()
+    }
+
+    /// Produces one record with a key, a payload and headers; returns (partition, offset).
+    pub async fn produce(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: &str,
+        payload: &[u8],
+        headers: &[(&str, &str)],
+    ) -> (i32, i64) {
+        let mut h = OwnedHeaders::new();
+        for (k, v) in headers {
+            h = h.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let mut record = FutureRecord::to(topic).key(key).payload(payload).headers(h);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        let d = self
+            .producer()
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
+        (d.partition, d.offset)
+    }
+
+    /// Produces `n` records keyed `{prefix}-{i}` round-robin over `partitions`.
+    pub async fn produce_many(&self, topic: &str, partitions: i32, prefix: &str, n: usize) {
+        let p = self.producer();
+        let futures = (0..n).map(|i| {
+            let key = format!("{prefix}-{i}");
+            let p = &p;
+            async move {
+                p.send(
+                    FutureRecord::to(topic)
+                        .key(&key)
+                        .payload(key.as_bytes())
+                        .partition((i as i32) % partitions),
+                    Duration::from_secs(10),
+                )
+                .await
+                .map_err(|(e, _)| e)
+                .unwrap();
+            }
+        });
+        futures::future::join_all(futures).await;
+    }
+
+    /// Reads `topic` from the start until `n` records arrived or `timeout` passed.
+    pub fn read(&self, topic: &str, n: usize, timeout: Duration) -> Vec<OwnedMessage> {
+        let c: BaseConsumer = self
+            .client()
+            .set("group.id", unique("reader"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        c.subscribe(&[topic]).unwrap();
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::new();
+        while out.len() < n && Instant::now() < deadline {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+                out.push(m.detach());
+            }
+        }
+        out
+    }
+
+    /// A client-library consumer of `source` in `group`, with this cluster's settings.
+    pub fn consumer_of(
+        &self,
+        source: &str,
+        markers: &str,
+        group: &str,
+        timeout: Duration,
+    ) -> RedeliveryConsumer {
+        let mut config =
+            ConsumerConfig::new(self.addr.clone(), group, [source], markers).timeout(timeout);
+        for (k, v) in &self.settings {
+            config = config.set(k, v);
+        }
+        RedeliveryConsumer::new(config).expect("consumer created")
+    }
+
+    /// A tracker config for tests: fast commits, the given max deliveries.
+    pub fn tracker_config(&self, t: &Topics, max_deliveries: u32) -> TrackerConfig {
+        TrackerConfig {
+            group_id: unique("tracker"),
+            max_deliveries,
+            commit_interval: Duration::from_millis(200),
+            rdkafka: self.settings.clone(),
+            ..TrackerConfig::new(self.addr.clone(), &t.markers)
+        }
+    }
+
+    /// `-X key=value` arguments carrying this cluster's settings.
+    pub fn x_args(&self) -> Vec<String> {
+        self.settings
+            .iter()
+            .flat_map(|(k, v)| ["-X".to_string(), format!("{k}={v}")])
+            .collect()
+    }
+
+    /// The example worker, set up for the test's topics and `group`; add switches and spawn it.
+    pub fn worker_command(&self, t: &Topics, group: &str) -> Command {
+        let mut c = Command::new(super::example_bin("worker"));
+        c.args(["--brokers", &self.addr, "--topic", &t.source])
+            .args(["--markers-topic", &t.markers, "--group", group])
+            .args(self.x_args());
+        c
+    }
+
+    /// The tracker binary's `run` command for the test's markers topic, with an admin port;
+    /// returns the command and the admin address. Add flags and spawn it.
+    pub fn tracker_command(
+        &self,
+        t: &Topics,
+        group: &str,
+        max_deliveries: u32,
+    ) -> (Command, String) {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let mut c = Command::new(tracker_bin());
+        c.args([
+            "run",
+            "--brokers",
+            &self.addr,
+            "--markers-topic",
+            &t.markers,
+        ])
+        .args(["--group-id", group, "--admin-listen", &admin])
+        .args(["--max-deliveries", &max_deliveries.to_string()])
+        .args(["--commit-interval", "200ms"])
+        .args(self.x_args())
+        .env("RUST_LOG", "info,kafka_redelivery=debug")
+        .stdout(Stdio::null());
+        (c, admin)
+    }
+
+    /// Starts the tracker binary with an admin port; returns the child and the admin address.
+    pub fn spawn_tracker(
+        &self,
+        t: &Topics,
+        group: &str,
+        max_deliveries: u32,
+    ) -> (ChildGuard, String) {
+        let (mut c, admin) = self.tracker_command(t, group, max_deliveries);
+        let child = c
+            .stderr(Stdio::from(log_file(group)))
+            .spawn()
+            .expect("tracker binary started");
+        (ChildGuard(child), admin)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.instance.is_some() {
+            let _ = self.script(&["stop"]);
+            let _ = std::fs::remove_dir_all(self.run_dir());
+            let addr = self.run_dir().with_file_name(format!(
+                "addr-{}",
+                self.instance.as_deref().unwrap_or_default()
+            ));
+            let _ = std::fs::remove_file(addr);
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! The processes under test: example workers and tracker replicas, each started, killed,
+//! stopped and continued for real. Every worker incarnation writes its JSON lines to its own
+//! file, and the fleet remembers what happened to it, so the checker can say why a record was
+//! delivered twice.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::common::{log_file, Cluster, Topics};
+
+/// What the fleet did to one worker process.
+#[derive(Debug, Clone, Default)]
+pub struct Incarnation {
+    /// Its stdout: one JSON line per delivery event.
+    pub log: PathBuf,
+    /// Wall-clock time of its SIGKILL, if it got one.
+    pub killed_at_ms: Option<u64>,
+    /// Wall-clock (SIGSTOP, SIGCONT) times; SIGCONT is `u64::MAX` if it never came.
+    pub stopped: Vec<(u64, u64)>,
+}
+
+struct Slot {
+    child: Child,
+    incarnation: usize,
+}
+
+/// Workers and trackers of one run.
+pub struct Fleet<'a> {
+    cluster: &'a Cluster,
+    topics: &'a Topics,
+    worker_group: String,
+    tracker_group: String,
+    dir: PathBuf,
+    workers: Vec<Slot>,
+    trackers: Vec<Option<Child>>,
+    /// Every worker process ever started, in order.
+    pub incarnations: Vec<Incarnation>,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn signal(child: &Child, name: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status();
+}
+
+/// Group settings for trackers: a killed replica leaves its group after 6 s (the broker's
+/// minimum) instead of librdkafka's default 45 s. Workers use the KIP-848 consumer protocol
+/// instead, whose incremental rebalances let the other workers go on while one is replaced;
+/// with the classic protocol, a fault every few seconds keeps the whole group rebalancing.
+const FAST_GROUP: [&str; 4] = [
+    "-X",
+    "session.timeout.ms=6000",
+    "-X",
+    "heartbeat.interval.ms=1000",
+];
+
+/// The delivery timeout workers ask for; a SIGSTOP lasts longer than this.
+pub const WORKER_TIMEOUT_MS: u64 = 5_000;
+
+impl<'a> Fleet<'a> {
+    /// Starts `workers` workers and `trackers` tracker replicas.
+    pub fn start(
+        cluster: &'a Cluster,
+        topics: &'a Topics,
+        workers: usize,
+        trackers: usize,
+    ) -> Self {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(crate::common::unique("faults"));
+        std::fs::create_dir_all(&dir).expect("log folder");
+        let mut fleet = Fleet {
+            cluster,
+            topics,
+            worker_group: crate::common::unique("workers"),
+            tracker_group: crate::common::unique("trackers"),
+            dir,
+            workers: Vec::new(),
+            trackers: Vec::new(),
+            incarnations: Vec::new(),
+        };
+        for _ in 0..trackers {
+            let t = fleet.spawn_tracker();
+            fleet.trackers.push(Some(t));
+        }
+        for _ in 0..workers {
+            let w = fleet.spawn_worker();
+            fleet.workers.push(w);
+        }
+        fleet
+    }
+
+    fn spawn_worker(&mut self) -> Slot {
+        let n = self.incarnations.len();
+        let log = self.dir.join(format!("worker-{n}.jsonl"));
+        let out = std::fs::File::create(&log).expect("worker log");
+        let child = self
+            .cluster
+            .worker_command(self.topics, &self.worker_group)
+            .args(["--timeout", &format!("{WORKER_TIMEOUT_MS}ms")])
+            .args(["--process-time", "200ms", "--max-unsettled", "200"])
+            .args([
+                "--nack-rate",
+                "0.01",
+                "--reject-rate",
+                "0.002",
+                "--log-received",
+            ])
+            .args(["-X", "group.protocol=consumer"])
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(log_file("fault-worker")))
+            .spawn()
+            .expect("worker started");
+        self.incarnations.push(Incarnation {
+            log,
+            ..Incarnation::default()
+        });
+        Slot {
+            child,
+            incarnation: n,
+        }
+    }
+
+    fn spawn_tracker(&self) -> Child {
+        let (mut c, _admin) = self
+            .cluster
+            .tracker_command(self.topics, &self.tracker_group, 30);
+        c.args(FAST_GROUP)
+            .stderr(Stdio::from(log_file("fault-tracker")))
+            .spawn()
+            .expect("tracker started")
+    }
+
+    /// SIGKILLs worker `i` and starts a new one in its place.
+    pub fn kill_worker(&mut self, i: usize) {
+        let slot = &mut self.workers[i];
+        let _ = slot.child.kill();
+        let _ = slot.child.wait();
+        self.incarnations[slot.incarnation].killed_at_ms = Some(now_ms());
+        self.workers[i] = self.spawn_worker();
+    }
+
+    /// SIGSTOPs worker `i`; returns its incarnation, to continue it later.
+    pub fn stop_worker(&mut self, i: usize) -> usize {
+        let slot = &self.workers[i];
+        signal(&slot.child, "STOP");
+        self.incarnations[slot.incarnation]
+            .stopped
+            .push((now_ms(), u64::MAX));
+        slot.incarnation
+    }
+
+    /// SIGCONTs the worker process `incarnation`, if it is still running.
+    pub fn continue_worker(&mut self, incarnation: usize) {
+        if let Some(slot) = self.workers.iter().find(|s| s.incarnation == incarnation) {
+            signal(&slot.child, "CONT");
+            if let Some(last) = self.incarnations[incarnation].stopped.last_mut() {
+                last.1 = now_ms();
+            }
+        }
+    }
+
+    /// SIGKILLs tracker replica `i`; [`Fleet::restart_tracker`] brings it back.
+    pub fn kill_tracker(&mut self, i: usize) {
+        if let Some(mut t) = self.trackers[i].take() {
+            let _ = t.kill();
+            let _ = t.wait();
+        }
+    }
+
+    /// Starts tracker replica `i` again if it is down.
+    pub fn restart_tracker(&mut self, i: usize) {
+        if self.trackers[i].is_none() {
+            self.trackers[i] = Some(self.spawn_tracker());
+        }
+    }
+
+    /// Continues every stopped worker and starts every tracker that is down, so the run can
+    /// drain.
+    pub fn heal(&mut self) {
+        let stopped: Vec<usize> = self
+            .workers
+            .iter()
+            .map(|s| s.incarnation)
+            .filter(|&n| {
+                self.incarnations[n]
+                    .stopped
+                    .last()
+                    .is_some_and(|s| s.1 == u64::MAX)
+            })
+            .collect();
+        for n in stopped {
+            self.continue_worker(n);
+        }
+        for i in 0..self.trackers.len() {
+            self.restart_tracker(i);
+        }
+    }
+}
+
+impl Drop for Fleet<'_> {
+    fn drop(&mut self) {
+        for s in &mut self.workers {
+            signal(&s.child, "CONT");
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+        }
+        for t in self.trackers.iter_mut().flatten() {
+            let _ = t.kill();
+            let _ = t.wait();
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! The fault-injection suite: a producer, several example workers, two tracker replicas and a
+//! private broker, with faults injected while messages flow (SIGKILL and SIGSTOP/SIGCONT of
+//! workers, SIGKILL and restart of trackers, one broker restart). Every message carries a
+//! unique id; the checker asserts each was acked or dead-lettered with a reason, and reports
+//! duplicates per fault type.
+//!
+//! The CI size runs with the other tests. The long size (1M messages, hundreds of faults) is
+//! `scripts/faults-long`; its results go into RELIABILITY.md. `FAULTS_SEED=<n>` replays a
+//! fault schedule; every run prints its seed first.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod checker;
+mod fleet;
+mod schedule;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use kafka_redelivery::marker::{decode, Marker};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::FutureRecord;
+use rdkafka::util::Timeout;
+use rdkafka::{Offset, TopicPartitionList};
+
+use checker::{Checker, Report};
+use common::{Cluster, Topics};
+use fleet::{now_ms, Fleet, WORKER_TIMEOUT_MS};
+use schedule::{Fault, FaultKind};
+
+/// The size of one run.
+struct Size {
+    messages: usize,
+    /// Production is spread evenly over this span; faults are injected over it too.
+    span: Duration,
+    /// Mean time between faults. Closer than the group session timeout (10 s), faults keep
+    /// the worker group rebalancing and a new worker is often killed before it gets any work.
+    every: Duration,
+    workers: usize,
+    /// How long to wait, once faults stop, for every id to be settled.
+    drain: Duration,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn faults_lose_nothing_ci_size() {
+    run(Size {
+        messages: 20_000,
+        span: Duration::from_secs(120),
+        every: Duration::from_secs(10),
+        workers: 3,
+        drain: Duration::from_secs(240),
+    })
+    .await;
+}
+
+/// `scripts/faults-long`: at least 1M messages and hundreds of faults (`FAULTS_MESSAGES` and
+/// `FAULTS_SPAN_SECS` change the size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long: run with scripts/faults-long"]
+async fn faults_lose_nothing_long() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    run(Size {
+        messages: env("FAULTS_MESSAGES", 1_000_000) as usize,
+        span: Duration::from_secs(env("FAULTS_SPAN_SECS", 2700)),
+        every: Duration::from_secs(8),
+        workers: 4,
+        drain: Duration::from_secs(900),
+    })
+    .await;
+}
+
+async fn run(size: Size) {
+    let seed = std::env::var("FAULTS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random::<u64>);
+    println!("faults: seed {seed} (replay with FAULTS_SEED={seed})");
+    let plan = schedule::plan(seed, size.span, size.every, size.workers, 2);
+    let cluster = Cluster::private("faults");
+    let t = cluster.topics(8, 4).await;
+    let ids: Vec<String> = (0..size.messages).map(|i| format!("f-{i}")).collect();
+
+    let mut fleet = Fleet::start(&cluster, &t, size.workers, 2);
+    let producer = tokio::spawn(produce(
+        cluster.producer(),
+        t.source.clone(),
+        ids.clone(),
+        size.span,
+    ));
+    let started = Instant::now();
+    let done = tokio::task::block_in_place(|| inject(&cluster, &mut fleet, &plan, started));
+    producer.await.unwrap();
+    fleet.heal();
+
+    let mut checker = Checker::default();
+    let deadline = Instant::now() + size.drain;
+    loop {
+        checker.read_logs(&fleet.incarnations);
+        checker.set_dead_letters(&read_all(&cluster, &t.dlq));
+        let left = checker.unsettled(&ids).len();
+        println!(
+            "faults: {} of {} settled, {left} left",
+            checker.settled(),
+            ids.len()
+        );
+        if left == 0 || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    let ends = end_markers(&cluster, &t);
+    let report = checker.report(&ids, &ends, &fleet.incarnations, &done);
+    print_report(seed, &report, &done);
+    assert_eq!(checker.bad_lines, 0, "unparsable worker lines");
+    assert_eq!(
+        checker.dead_without_reason, 0,
+        "dead letters without a reason"
+    );
+    assert!(
+        report.lost.is_empty(),
+        "seed {seed}: {} ids lost, e.g. {:?}",
+        report.lost.len(),
+        &report.lost[..report.lost.len().min(10)]
+    );
+}
+
+/// Produces every id once, evenly over `span`, retrying through the broker restart.
+async fn produce(
+    producer: rdkafka::producer::FutureProducer,
+    topic: String,
+    ids: Vec<String>,
+    span: Duration,
+) {
+    let started = Instant::now();
+    let batch = 100;
+    for (n, chunk) in ids.chunks(batch).enumerate() {
+        let due = span.mul_f64((n * batch) as f64 / ids.len() as f64);
+        tokio::time::sleep(due.saturating_sub(started.elapsed())).await;
+        let sends = chunk.iter().map(|id| {
+            producer.send(
+                FutureRecord::to(&topic).key(id).payload(id.as_bytes()),
+                Timeout::Never,
+            )
+        });
+        for r in futures::future::join_all(sends).await {
+            r.map_err(|(e, _)| e)
+                .expect("the harness produced its record");
+        }
+    }
+}
+
+/// Runs the fault plan in real time; returns the faults done with their wall-clock times.
+fn inject(
+    cluster: &Cluster,
+    fleet: &mut Fleet<'_>,
+    plan: &[Fault],
+    started: Instant,
+) -> Vec<(u64, Fault)> {
+    let mut done = Vec::new();
+    // (when, what) follow-ups: SIGCONT of a stopped worker, restart of a killed tracker.
+    let mut later: Vec<(Instant, Followup)> = Vec::new();
+    for fault in plan {
+        while started.elapsed() < fault.at {
+            run_due(fleet, &mut later);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!(
+            "faults: {:>6.1}s {} #{}",
+            started.elapsed().as_secs_f64(),
+            fault.kind,
+            fault.target
+        );
+        done.push((now_ms(), fault.clone()));
+        match fault.kind {
+            FaultKind::WorkerKill => fleet.kill_worker(fault.target),
+            FaultKind::WorkerStop => {
+                let n = fleet.stop_worker(fault.target);
+                let wake = Duration::from_millis(WORKER_TIMEOUT_MS + 2_000);
+                later.push((Instant::now() + wake, Followup::Continue(n)));
+            }
+            FaultKind::TrackerKill => {
+                fleet.kill_tracker(fault.target);
+                later.push((
+                    Instant::now() + Duration::from_secs(1),
+                    Followup::Restart(fault.target),
+                ));
+            }
+            FaultKind::BrokerRestart => {
+                cluster.stop();
+                std::thread::sleep(Duration::from_secs(5));
+                cluster.resume();
+            }
+        }
+    }
+    while !later.is_empty() {
+        run_due(fleet, &mut later);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done
+}
+
+enum Followup {
+    Continue(usize),
+    Restart(usize),
+}
+
+fn run_due(fleet: &mut Fleet<'_>, later: &mut Vec<(Instant, Followup)>) {
+    let now = Instant::now();
+    let (due, rest): (Vec<_>, Vec<_>) = later.drain(..).partition(|(at, _)| *at <= now);
+    *later = rest;
+    for (_, f) in due {
+        match f {
+            Followup::Continue(n) => fleet.continue_worker(n),
+            Followup::Restart(i) => fleet.restart_tracker(i),
+        }
+    }
+}
+
+/// Every record of `topic`, read up to the end offsets seen when called.
+fn read_all(cluster: &Cluster, topic: &str) -> Vec<OwnedMessage> {
+    let c: BaseConsumer = cluster
+        .client()
+        .set("group.id", common::unique("checker"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = std::collections::HashMap::new();
+    for p in md.topics()[0].partitions() {
+        let (_, high) = c
+            .fetch_watermarks(topic, p.id(), Duration::from_secs(30))
+            .unwrap();
+        if high > 0 {
+            ends.insert(p.id(), high);
+            tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
+                .unwrap();
+        }
+    }
+    if ends.is_empty() {
+        return Vec::new();
+    }
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ends.is_empty() && Instant::now() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
+            if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
+                ends.remove(&m.partition());
+            }
+            out.push(m.detach());
+        }
+    }
+    assert!(ends.is_empty(), "{topic} could not be read to its end");
+    out
+}
+
+/// The source coordinates of every End marker in the markers topic.
+fn end_markers(cluster: &Cluster, t: &Topics) -> HashSet<(String, i32, i64)> {
+    read_all(cluster, &t.markers)
+        .iter()
+        .filter_map(|m| match decode(m.payload()?) {
+            Ok(Marker::End { source }) => Some((source.topic, source.partition, source.offset)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn print_report(seed: u64, r: &Report, done: &[(u64, Fault)]) {
+    println!("faults: seed {seed}");
+    for kind in FaultKind::ALL {
+        let n = done.iter().filter(|(_, f)| f.kind == kind).count();
+        let dups = r.duplicates.get(&kind.to_string()).copied().unwrap_or(0);
+        println!("faults:   {kind:<28} injected {n:>4}   duplicates {dups:>6}");
+    }
+    if let Some(n) = r.duplicates.get("unattributed") {
+        println!("faults:   unattributed duplicates {n}");
+    }
+    println!(
+        "faults: produced {}  acked {}  acked (line lost with a killed worker, End found) {}  dead-lettered {}  lost {}",
+        r.produced,
+        r.acked,
+        r.acked_line_lost,
+        r.dead_lettered,
+        r.lost.len()
+    );
+}

@@ -1,0 +1,292 @@
+//! A secured broker: SASL_SSL with SCRAM-SHA-512 over TLS (certificate made by
+//! `scripts/kafka`), the standard authorizer, and only the ACLs the README lists.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+use kafka_redelivery::headers;
+use kafka_redelivery::tracker::TrackerConfig;
+
+const TRACKER_PASSWORD: &str = "tracker-Pa55-never-shown";
+const WORKER_PASSWORD: &str = "worker-Pa55-never-shown";
+
+fn secured() -> Cluster {
+    Cluster::secured(
+        "secure",
+        &[("tracker", TRACKER_PASSWORD), ("worker", WORKER_PASSWORD)],
+    )
+}
+
+/// Runs Kafka's AclCommand on the secured broker; panics if it fails.
+fn acl(cluster: &Cluster, args: &[&str]) {
+    let mut all = vec!["acl", "--add"];
+    all.extend_from_slice(args);
+    let out = cluster.script(&all);
+    assert!(out.status.success(), "acl {args:?} failed");
+}
+
+/// Grants exactly the ACLs the README lists, for one source topic. `with_dlq` leaves out the
+/// tracker's Write on the dead-letter topic when false.
+fn grant(cluster: &Cluster, t: &Topics, worker_group: &str, tracker_group: &str, with_dlq: bool) {
+    // The worker (the client library): read its source and group, write markers.
+    acl(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:worker",
+            "--operation",
+            "Read",
+            "--topic",
+            &t.source,
+            "--group",
+            worker_group,
+        ],
+    );
+    acl(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:worker",
+            "--operation",
+            "Write",
+            "--topic",
+            &t.markers,
+        ],
+    );
+    // The tracker: read and write markers (and check their settings), read its group, read
+    // sources back and write copies, write dead letters.
+    acl(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:tracker",
+            "--operation",
+            "Read",
+            "--operation",
+            "Write",
+            "--operation",
+            "DescribeConfigs",
+            "--topic",
+            &t.markers,
+        ],
+    );
+    acl(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:tracker",
+            "--operation",
+            "Read",
+            "--group",
+            tracker_group,
+        ],
+    );
+    acl(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:tracker",
+            "--operation",
+            "Read",
+            "--operation",
+            "Write",
+            "--topic",
+            &t.source,
+        ],
+    );
+    if with_dlq {
+        grant_dlq(cluster, t);
+    }
+}
+
+fn grant_dlq(cluster: &Cluster, t: &Topics) {
+    acl(
+        cluster,
+        &[
+            "--allow-principal",
+            "User:tracker",
+            "--operation",
+            "Write",
+            "--topic",
+            &t.dlq,
+        ],
+    );
+}
+
+fn worker(cluster: &Cluster, t: &Topics, group: &str) -> RedeliveryConsumer {
+    let mut config = ConsumerConfig::new(cluster.addr.clone(), group, [&t.source], &t.markers)
+        .timeout(Duration::from_secs(2));
+    for (k, v) in cluster.user_settings("worker", WORKER_PASSWORD) {
+        config = config.set(k, v);
+    }
+    RedeliveryConsumer::new(config).expect("consumer created")
+}
+
+fn tracker_config(cluster: &Cluster, t: &Topics, group: &str) -> TrackerConfig {
+    TrackerConfig {
+        group_id: group.to_string(),
+        commit_interval: Duration::from_millis(200),
+        rdkafka: cluster.user_settings("tracker", TRACKER_PASSWORD),
+        ..TrackerConfig::new(cluster.addr.clone(), &t.markers)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_documented_acls_everything_works_and_a_missing_dlq_acl_loses_nothing() {
+    let cluster = secured();
+    let t = cluster.topics(1, 1).await;
+    let (wg, tg) = (unique("workers"), unique("trackers"));
+    grant(&cluster, &t, &wg, &tg, false);
+    let tracker = TrackerGuard::start(tracker_config(&cluster, &t, &tg));
+    tracker.wait_ready().await;
+    let mut c = worker(&cluster, &t, &wg);
+
+    cluster
+        .produce(&t.source, Some(0), "timeout", b"1", &[])
+        .await;
+    cluster
+        .produce(&t.source, Some(0), "reject", b"2", &[])
+        .await;
+    let first = c.recv().await.unwrap();
+    assert_eq!(first.key(), Some(&b"timeout"[..]));
+    first.abandon();
+    let second = c.recv().await.unwrap();
+    second.reject("bad input").await.unwrap();
+    let again = c.recv().await.unwrap();
+    assert_eq!(again.key(), Some(&b"timeout"[..]));
+    assert_eq!(again.attempt(), 2, "redelivered through the secured broker");
+    again.ack().await.unwrap();
+
+    // Without Write on the dead-letter topic the rejected record cannot go there: it is
+    // counted and parked, still in flight.
+    tracker
+        .wait_metric("redelivery_parked_deliveries", 1.0)
+        .await;
+    assert!(tracker.metric("redelivery_produce_errors_total{what=\"dead_letter\"}") >= 1.0);
+    assert!(tracker.metric_sum("redelivery_in_flight") >= 1.0);
+    assert!(cluster.read(&t.dlq, 1, Duration::from_secs(2)).is_empty());
+
+    // Granting the ACL lets the parked delivery through on its next try.
+    grant_dlq(&cluster, &t);
+    let dlq = cluster.read(&t.dlq, 1, Duration::from_secs(60));
+    assert_eq!(
+        dlq.len(),
+        1,
+        "the parked delivery reached the dead-letter topic"
+    );
+    assert_eq!(
+        header(&dlq[0], headers::DLQ_REASON).as_deref(),
+        Some("rejected")
+    );
+    tracker
+        .wait_metric("redelivery_parked_deliveries", 0.0)
+        .await;
+    c.close().await;
+    tracker.stop().await;
+}
+
+fn tracker_run(cluster: &Cluster, t: &Topics, group: &str, password: &str, admin: &str) -> Command {
+    let mut c = Command::new(tracker_bin());
+    c.args([
+        "run",
+        "--brokers",
+        &cluster.addr,
+        "--markers-topic",
+        &t.markers,
+    ])
+    .args(["--group-id", group, "--admin-listen", admin]);
+    let settings: Vec<String> = cluster
+        .user_settings("tracker", password)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    // The settings come from the environment, as a deployment would pass a secret.
+    c.env("REDELIVERY_RDKAFKA", settings.join(";"))
+        .env("RUST_LOG", "debug");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
+    let cluster = secured();
+    let t = cluster.topics(1, 1).await;
+    let tg = unique("trackers");
+    grant(&cluster, &t, "unused", &tg, true);
+
+    let wrong = "wrong-Pa55-never-shown";
+    let started = Instant::now();
+    let out = tracker_run(
+        &cluster,
+        &t,
+        &tg,
+        wrong,
+        &format!("127.0.0.1:{}", free_port()),
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(77), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?} to give up",
+        started.elapsed()
+    );
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("authentication") && last.contains(&cluster.addr),
+        "{last}"
+    );
+    assert!(!stderr.contains(wrong), "the password was logged: {stderr}");
+
+    // --help with the secret in the environment.
+    let help = tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, "127.0.0.1:1")
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("REDELIVERY_RDKAFKA"));
+    assert!(
+        !help.contains(TRACKER_PASSWORD),
+        "--help shows the password"
+    );
+
+    // A working tracker at debug level: logs, /metrics and /inspect.
+    let admin = format!("127.0.0.1:{}", free_port());
+    let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("secure.log"));
+    let mut running = ChildGuard(
+        tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, &admin)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready_http(&admin).await;
+    let metrics = http_get(&admin, "/metrics").unwrap().1;
+    let inspect = http_get(&admin, "/inspect").unwrap().1;
+    running.0.kill().unwrap();
+    running.0.wait().unwrap();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logged.contains("tracker starting") && logged.contains("sasl.password"),
+        "the effective configuration is logged at debug level"
+    );
+    for (what, text) in [
+        ("log", &logged),
+        ("/metrics", &metrics),
+        ("/inspect", &inspect),
+    ] {
+        assert!(
+            !text.contains(TRACKER_PASSWORD),
+            "{what} shows the password"
+        );
+        assert!(
+            !text.contains("admin-secret"),
+            "{what} shows the key password"
+        );
+    }
+}
