@@ -10,7 +10,7 @@ use kafka_redelivery::tracker::TrackerConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
