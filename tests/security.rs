@@ -22,82 +22,33 @@ fn secured() -> Cluster {
     )
 }
 
-/// Runs Kafka's AclCommand on the secured broker; panics if it fails.
-fn acl(cluster: &Cluster, args: &[&str]) {
-    let mut all = vec!["acl", "--add"];
-    all.extend_from_slice(args);
-    let out = cluster.script(&all);
+/// Allows `principal` the `operations` on one resource (`--topic` or `--group` and its name),
+/// with Kafka's AclCommand; panics if it fails.
+fn acl(cluster: &Cluster, principal: &str, resource: (&str, &str), operations: &[&str]) {
+    let principal = format!("User:{principal}");
+    let mut args = vec!["acl", "--add", "--allow-principal", &principal];
+    for op in operations {
+        args.extend(["--operation", op]);
+    }
+    args.extend([resource.0, resource.1]);
+    let out = cluster.script(&args);
     assert!(out.status.success(), "acl {args:?} failed");
 }
 
-/// Grants exactly the ACLs the README lists, for one source topic. `with_dlq` leaves out the
-/// tracker's Write on the dead-letter topic when false.
+/// Grants exactly the ACLs of the README's table, for one source topic. With `with_dlq`
+/// false, the tracker's Write on the dead-letter topic is left out.
 fn grant(cluster: &Cluster, t: &Topics, worker_group: &str, tracker_group: &str, with_dlq: bool) {
-    // The worker (the client library): read its source and group, write markers.
+    acl(cluster, "worker", ("--topic", &t.source), &["Read"]);
+    acl(cluster, "worker", ("--group", worker_group), &["Read"]);
+    acl(cluster, "worker", ("--topic", &t.markers), &["Write"]);
+    let markers_ops = ["Read", "Write", "DescribeConfigs"];
+    acl(cluster, "tracker", ("--topic", &t.markers), &markers_ops);
+    acl(cluster, "tracker", ("--group", tracker_group), &["Read"]);
     acl(
         cluster,
-        &[
-            "--allow-principal",
-            "User:worker",
-            "--operation",
-            "Read",
-            "--topic",
-            &t.source,
-            "--group",
-            worker_group,
-        ],
-    );
-    acl(
-        cluster,
-        &[
-            "--allow-principal",
-            "User:worker",
-            "--operation",
-            "Write",
-            "--topic",
-            &t.markers,
-        ],
-    );
-    // The tracker: read and write markers (and check their settings), read its group, read
-    // sources back and write copies, write dead letters.
-    acl(
-        cluster,
-        &[
-            "--allow-principal",
-            "User:tracker",
-            "--operation",
-            "Read",
-            "--operation",
-            "Write",
-            "--operation",
-            "DescribeConfigs",
-            "--topic",
-            &t.markers,
-        ],
-    );
-    acl(
-        cluster,
-        &[
-            "--allow-principal",
-            "User:tracker",
-            "--operation",
-            "Read",
-            "--group",
-            tracker_group,
-        ],
-    );
-    acl(
-        cluster,
-        &[
-            "--allow-principal",
-            "User:tracker",
-            "--operation",
-            "Read",
-            "--operation",
-            "Write",
-            "--topic",
-            &t.source,
-        ],
+        "tracker",
+        ("--topic", &t.source),
+        &["Read", "Write"],
     );
     if with_dlq {
         grant_dlq(cluster, t);
@@ -105,17 +56,7 @@ fn grant(cluster: &Cluster, t: &Topics, worker_group: &str, tracker_group: &str,
 }
 
 fn grant_dlq(cluster: &Cluster, t: &Topics) {
-    acl(
-        cluster,
-        &[
-            "--allow-principal",
-            "User:tracker",
-            "--operation",
-            "Write",
-            "--topic",
-            &t.dlq,
-        ],
-    );
+    acl(cluster, "tracker", ("--topic", &t.dlq), &["Write"]);
 }
 
 fn worker(cluster: &Cluster, t: &Topics, group: &str) -> RedeliveryConsumer {

@@ -69,8 +69,8 @@ async fn faults_lose_nothing_long() {
     };
     run(Size {
         messages: env("FAULTS_MESSAGES", 1_000_000) as usize,
-        span: Duration::from_secs(env("FAULTS_SPAN_SECS", 2700)),
-        every: Duration::from_secs(8),
+        span: Duration::from_secs(env("FAULTS_SPAN_SECS", 1500)),
+        every: Duration::from_secs(5),
         workers: 4,
         drain: Duration::from_secs(900),
     })
