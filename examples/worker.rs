@@ -115,7 +115,7 @@ async fn settle(d: Delivery, args: &Args) {
     } else if roll < args.unsettled_rate + args.nack_rate {
         (
             "nack",
-            settle_with(d, |d| async move { d.nack(args.nack_delay).await }).await,
+            settle_with(d, |d| async move { d.nack_after(args.nack_delay).await }).await,
         )
     } else if roll < args.unsettled_rate + args.nack_rate + args.reject_rate {
         (

@@ -26,6 +26,9 @@ pub const REDRIVEN_FROM: &str = "kr-redriven-from";
 /// Optional, set by a producer: this record's delivery timeout in milliseconds, overriding the
 /// consumer's default.
 pub const TIMEOUT_MS: &str = "kr-timeout-ms";
+/// Optional, set by a producer: the most deliveries this record gets (decimal), lowering the
+/// consumer's retry policy. Copies keep it, so it holds for every redelivery.
+pub const MAX_DELIVERIES: &str = "kr-max-deliveries";
 
 /// Whether the tracker writes this header, so a copy of a copy replaces it rather than
 /// repeating it. [`TIMEOUT_MS`] belongs to the producer and is kept.

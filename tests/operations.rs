@@ -142,7 +142,7 @@ async fn prometheus_runs_every_dashboard_and_alert_query_against_a_working_track
                 0 => d.ack().await.unwrap(),
                 1 => d.abandon(),
                 2 => d.reject("operations test").await.unwrap(),
-                _ if d.attempt() == 1 => d.nack(Duration::ZERO).await.unwrap(),
+                _ if d.attempt() == 1 => d.nack_after(Duration::ZERO).await.unwrap(),
                 _ => d.ack().await.unwrap(),
             }
         }

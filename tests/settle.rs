@@ -167,7 +167,7 @@ async fn nack_redelivers_after_the_delay() {
     tracker.wait_ready().await;
     let delay = Duration::from_secs(2);
     let nacked_at = Instant::now();
-    d.nack(delay).await.unwrap();
+    d.nack_after(delay).await.unwrap();
     let again = c
         .recv_timeout(Duration::from_secs(60))
         .await

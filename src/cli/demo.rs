@@ -179,7 +179,7 @@ async fn settle(d: Delivery, key: String, fail_rate: f64, tally: Arc<Mutex<Tally
             }
             r
         }
-        Plan::Nack => d.nack(Duration::from_millis(100)).await,
+        Plan::Nack => d.nack_after(Duration::from_millis(100)).await,
         Plan::Reject => d.reject("demo: refused on purpose").await,
         Plan::Abandon => {
             d.abandon();

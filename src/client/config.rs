@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::retry::RetryPolicy;
+
 /// Settings of a consumer that acknowledges records one by one.
 ///
 /// ```
@@ -34,6 +36,8 @@ pub struct ConsumerConfig {
     /// Whether every delivery keeps itself alive while its handle lives (see
     /// [`super::Delivery::auto_keep_alive`]).
     pub auto_keep_alive: bool,
+    /// How `Delivery::nack()` spaces redeliveries and when it gives up (see [`RetryPolicy`]).
+    pub retry: RetryPolicy,
     /// Extra librdkafka settings, applied last to both the consumer and the markers producer.
     pub rdkafka: Vec<(String, String)>,
 }
@@ -55,8 +59,15 @@ impl ConsumerConfig {
             max_unsettled: 1_000,
             max_batch: 500,
             auto_keep_alive: false,
+            retry: RetryPolicy::default(),
             rdkafka: Vec::new(),
         }
+    }
+
+    /// Sets the retry policy every delivery's `nack()` follows.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
     }
 
     /// Sets the default delivery timeout.
@@ -106,6 +117,7 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("max_unsettled", &self.max_unsettled)
             .field("max_batch", &self.max_batch)
             .field("auto_keep_alive", &self.auto_keep_alive)
+            .field("retry", &self.retry)
             .field("rdkafka", &crate::kafka::Redacted(&self.rdkafka))
             .finish()
     }

@@ -7,9 +7,11 @@ use crate::headers::HeaderList;
 use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
 
 use super::error::ClientError;
+use super::retry::{unit_random, RetryPolicy};
 use super::settler::Settler;
 
-/// One delivery of one record. Settle it with [`ack`](Self::ack), [`nack`](Self::nack) or
+/// One delivery of one record. Settle it with [`ack`](Self::ack), [`nack`](Self::nack),
+/// [`nack_after`](Self::nack_after) or
 /// [`reject`](Self::reject); keep it with [`keep_alive`](Self::keep_alive) while working.
 ///
 /// Dropping a delivery without settling it releases it: the client writes a Nack with no delay,
@@ -31,7 +33,7 @@ use super::settler::Settler;
 ///             delivery.ack().await
 ///         }
 ///         Some(_) => delivery.reject("not JSON").await,
-///         None => delivery.nack(Duration::from_secs(10)).await,
+///         None => delivery.nack_after(Duration::from_secs(10)).await,
 ///     }
 /// }
 /// ```
@@ -45,6 +47,7 @@ pub struct Delivery {
     pub(crate) original: Option<SourceRef>,
     pub(crate) timeout: Duration,
     pub(crate) settler: Arc<Settler>,
+    pub(crate) retry: Arc<RetryPolicy>,
     pub(crate) settled: bool,
     pub(crate) keep_alive: Option<tokio::task::AbortHandle>,
 }
@@ -129,9 +132,34 @@ impl Delivery {
         .await
     }
 
-    /// Gives the record back, to be redelivered after `delay` (zero: as soon as possible). The
-    /// redelivery counts as an attempt.
-    pub async fn nack(mut self, delay: Duration) -> Result<(), ClientError> {
+    /// Gives the record back under the consumer's retry policy: redelivered after the
+    /// policy's delay for this attempt, or, if this was the last delivery the policy (or the
+    /// record's `kr-max-deliveries` header) allows, sent to the dead-letter topic.
+    pub async fn nack(self) -> Result<(), ClientError> {
+        let policy = self.retry.clone();
+        self.nack_with(&policy).await
+    }
+
+    /// Like [`nack`](Self::nack), with another policy for this delivery only.
+    pub async fn nack_with(self, policy: &RetryPolicy) -> Result<(), ClientError> {
+        let per_message = crate::headers::text(&self.headers, crate::headers::MAX_DELIVERIES)
+            .and_then(|v| v.trim().parse().ok());
+        if let Some(limit) = policy.limit(per_message) {
+            if self.attempt >= limit {
+                let reason = format!(
+                    "delivered {} times; the retry policy allows {limit}",
+                    self.attempt
+                );
+                return self.reject(reason).await;
+            }
+        }
+        let delay = policy.delay_after(self.attempt, unit_random((&self.source, self.attempt)));
+        self.nack_after(delay).await
+    }
+
+    /// Gives the record back, to be redelivered after `delay` (zero: as soon as possible),
+    /// whatever the retry policy says. The redelivery counts as an attempt.
+    pub async fn nack_after(mut self, delay: Duration) -> Result<(), ClientError> {
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         self.settle(
             Marker::Nack {

@@ -15,7 +15,8 @@
 //! while let Some(delivery) = consumer.recv().await {
 //!     match delivery.payload() {
 //!         Some(b"poison") => delivery.reject("cannot parse").await?,
-//!         Some(_) if delivery.attempt() < 3 => delivery.nack(Duration::from_secs(1)).await?,
+//!         Some(b"later") => delivery.nack_after(Duration::from_secs(60)).await?,
+//!         Some(_) if delivery.attempt() < 3 => delivery.nack().await?, // the retry policy
 //!         _ => delivery.ack().await?,
 //!     }
 //! }
@@ -26,6 +27,7 @@ mod config;
 mod delivery;
 mod error;
 mod poller;
+mod retry;
 mod settler;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +41,7 @@ use tokio::sync::mpsc;
 pub use config::ConsumerConfig;
 pub use delivery::Delivery;
 pub use error::ClientError;
+pub use retry::{Backoff, RetryPolicy};
 
 use poller::Poller;
 use settler::Settler;
@@ -105,6 +108,7 @@ impl RedeliveryConsumer {
         let poller = Poller {
             consumer,
             settler: settler.clone(),
+            retry: Arc::new(config.retry.clone()),
             config,
             out: tx,
             stop: stop.clone(),

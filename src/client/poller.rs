@@ -29,6 +29,7 @@ use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
 
 use super::config::ConsumerConfig;
 use super::delivery::Delivery;
+use super::retry::RetryPolicy;
 use super::settler::Settler;
 
 /// A polled record, owned, with what the Start marker needs.
@@ -44,6 +45,8 @@ pub(crate) struct Poller {
     pub(crate) settler: Arc<Settler>,
     pub(crate) config: ConsumerConfig,
     pub(crate) out: mpsc::Sender<Delivery>,
+    /// The consumer's retry policy, shared by every delivery.
+    pub(crate) retry: Arc<RetryPolicy>,
     pub(crate) stop: Arc<AtomicBool>,
 }
 
@@ -224,6 +227,7 @@ impl Poller {
             original,
             timeout: p.timeout,
             settler: self.settler.clone(),
+            retry: self.retry.clone(),
             settled: false,
             keep_alive: None,
         }
