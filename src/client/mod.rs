@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+mod concurrent;
 mod config;
 mod delivery;
 mod error;
