@@ -71,15 +71,11 @@ fn admin(kafka: &KafkaArgs) -> Result<AdminClient<AuthWatch>, TopicsError> {
 
 /// Lists the cluster's topics; tells a broker that cannot be reached (worth retrying) from
 /// credentials that are refused (not worth it).
-fn topic_names(
-    kafka: &KafkaArgs,
-    admin: &AdminClient<AuthWatch>,
-) -> Result<Vec<String>, TopicsError> {
+fn topic_names(kafka: &KafkaArgs) -> Result<Vec<String>, TopicsError> {
     // List every topic rather than ask for one: asking for a missing topic by name can make a
     // broker with auto-creation create it, with the wrong settings. A producer (never used to
     // produce) asks: unlike the admin client, polling it hands librdkafka's error events,
     // among them authentication failures, to the context.
-    let _ = admin;
     let probe: BaseProducer<AuthWatch> = client(kafka).create_with_context(AuthWatch::default())?;
     // Ask in short rounds and poll in between, so a refused password ends the wait at once.
     let listed = tokio::task::block_in_place(|| {
@@ -154,14 +150,19 @@ pub async fn check_markers(
 ) -> Result<Vec<SettingProblem>, TopicsError> {
     let admin = admin(kafka)?;
     let topic = &kafka.markers_topic;
-    if !topic_names(kafka, &admin)?.contains(topic) {
+    if !topic_names(kafka)?.contains(topic) {
         return Err(TopicsError::Markers(format!(
             "markers topic `{topic}` does not exist; create it with `redelivery-tracker topics create`"
         )));
     }
+    // The request as a whole fails only when the broker cannot be reached: worth a retry.
     let results = admin
         .describe_configs(&[ResourceSpecifier::Topic(topic)], &options())
-        .await?;
+        .await
+        .map_err(|error| TopicsError::Unreachable {
+            brokers: kafka.brokers.clone(),
+            error,
+        })?;
     let resource = match results.into_iter().next() {
         Some(Ok(r)) => r,
         Some(Err(code)) => {
