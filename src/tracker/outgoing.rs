@@ -65,6 +65,11 @@ pub fn refused_for_good(error: &KafkaError) -> bool {
                 | RDKafkaErrorCode::ClusterAuthorizationFailed
                 | RDKafkaErrorCode::InvalidTopic
                 | RDKafkaErrorCode::InvalidRequiredAcks
+                // librdkafka reports these only after waiting for the topic to appear
+                // (`topic.metadata.propagation.max.ms`): the topic is gone.
+                | RDKafkaErrorCode::UnknownTopic
+                | RDKafkaErrorCode::UnknownTopicOrPartition
+                | RDKafkaErrorCode::UnknownPartition
         )
     )
 }

@@ -302,6 +302,14 @@ impl Redeliverer {
             if let Some(error) = error {
                 let at = SourceRef::new(topic, partition, left.first().copied().unwrap_or(-1));
                 self.metrics.source_read_error(&at, &error);
+                // librdkafka reports a deleted topic to an assigned consumer only after
+                // `topic.metadata.propagation.max.ms`; the metadata says so at once.
+                if let Some(why) = self.reader.missing(topic, partition) {
+                    for offset in left {
+                        results.insert(offset, ReadOutcome::Gone(why.clone()));
+                    }
+                    continue;
+                }
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 if let Err(e) = self.reader.reset(&self.config) {

@@ -127,6 +127,27 @@ impl SourceReader {
         (out, None)
     }
 
+    /// Asks the cluster whether `topic` still has `partition`. `Some(why)` when it does not:
+    /// the records are gone for good. A consumer's metadata request never creates a topic.
+    pub fn missing(&self, topic: &str, partition: i32) -> Option<String> {
+        let md = self
+            .consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .ok()?;
+        let t = md.topics().iter().find(|t| t.name() == topic);
+        match t {
+            None => Some(format!("the source topic `{topic}` no longer exists")),
+            Some(t) if t.error().is_some() || t.partitions().is_empty() => Some(format!(
+                "the source topic `{topic}` does not exist ({:?})",
+                t.error()
+            )),
+            Some(t) if !t.partitions().iter().any(|p| p.id() == partition) => Some(format!(
+                "the source topic `{topic}` has no partition {partition}"
+            )),
+            Some(_) => None,
+        }
+    }
+
     fn assign(&self, topic: &str, partition: i32, offset: i64) -> Result<(), KafkaError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, partition, Offset::Offset(offset))?;
