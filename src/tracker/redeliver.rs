@@ -162,9 +162,12 @@ impl Redeliverer {
         let Some(refused) = self.send_copies(&mut pending) else {
             return;
         };
+        // Only a delivery whose copy is durable gets its End; one without a copy (never read,
+        // which happens only when stopping) stays in flight untouched.
         let (done, refused): (Vec<(Pending, Option<String>)>, Vec<_>) = pending
             .into_iter()
             .zip(refused)
+            .filter(|(p, _)| p.copy.is_some())
             .partition(|(_, r)| r.is_none());
         for (p, why) in refused {
             self.park(p.expiry, job.markers_partition, why.unwrap_or_default());
