@@ -30,9 +30,10 @@ fn help_flags(text: &str) -> BTreeSet<(String, String)> {
             let f = line.split([' ', ',']).next().unwrap().to_string();
             flag = (f != "--help" && f != "-h" && f != "--version").then_some(f);
         }
-        // Long help puts `[env: X=]` on a line of its own, short help at the end of the flag's.
+        // Long help puts `[env: X=]` on a line of its own, short help at the end of the flag's;
+        // a flag whose values are hidden (they may be secrets) shows `[env: X]`.
         if let (Some(f), Some((_, env))) = (&flag, line.split_once("[env: ")) {
-            out.insert((f.clone(), env.split('=').next().unwrap().to_string()));
+            out.insert((f.clone(), env.split(['=', ']']).next().unwrap().to_string()));
         }
     }
     out
