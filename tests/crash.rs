@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::*;
@@ -16,13 +16,6 @@ use rdkafka::message::Message;
 fn kill9(child: &mut Child) {
     child.kill().unwrap(); // SIGKILL on Unix
     child.wait().unwrap();
-}
-
-fn sigterm(child: &Child) {
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
 }
 
 fn now_ms() -> i64 {

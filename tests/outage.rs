@@ -160,3 +160,38 @@ async fn the_broker_gone_for_a_minute_loses_nothing() {
     wait_acked(&out, &all, Duration::from_secs(180)).await;
     wait_ready_http(&admin).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracker_whose_broker_is_gone_still_stops_on_sigterm() {
+    let cluster = Cluster::private("gone");
+    let t = cluster.topics(2, 2).await;
+    let (mut tracker, admin) = cluster.spawn_tracker(&t, &unique("tracker"), 10);
+    wait_ready_http(&admin).await;
+    // Something in flight, so the final commit has work to do.
+    cluster.produce_many(&t.source, 2, "gone", 20).await;
+    let mut c = cluster.consumer_of(&t.source, &t.markers, &unique("g"), Duration::from_secs(60));
+    for _ in 0..20 {
+        c.recv_timeout(Duration::from_secs(60))
+            .await
+            .expect("delivery")
+            .abandon();
+    }
+    cluster.kill();
+    // Long enough for every client to see the broker as down.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    sigterm(&tracker);
+    // Generous: the point is that it ends at all, not how fast.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = tracker.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tracker did not exit 90 s after SIGTERM with its broker gone"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    drop(c);
+}

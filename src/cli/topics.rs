@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
@@ -57,16 +58,13 @@ pub struct SettingProblem {
 }
 
 fn client(kafka: &KafkaArgs) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &kafka.brokers);
-    for (k, v) in &kafka.rdkafka {
-        c.set(k, v);
-    }
-    c
+    crate::kafka::client_config(&kafka.brokers, &[], &kafka.rdkafka)
 }
 
-fn admin(kafka: &KafkaArgs) -> Result<AdminClient<AuthWatch>, TopicsError> {
-    Ok(client(kafka).create_with_context(AuthWatch::default())?)
+/// Only the probe producer in [`topic_names`] reports auth failures, so the admin client needs
+/// no context of its own.
+fn admin(kafka: &KafkaArgs) -> Result<AdminClient<DefaultClientContext>, TopicsError> {
+    Ok(client(kafka).create()?)
 }
 
 /// Lists the cluster's topics; tells a broker that cannot be reached (worth retrying) from

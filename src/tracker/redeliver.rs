@@ -75,6 +75,7 @@ pub struct Redeliverer {
     refusals: HashMap<SourceRef, u32>,
 }
 
+const IDLE_WAKE: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// The longest wait before a parked delivery is tried again.
 pub const MAX_PARK: Duration = Duration::from_secs(300);
@@ -102,10 +103,15 @@ impl Redeliverer {
     /// `queued` counts jobs sent but not yet finished; the consumer reads it to bound the queue.
     pub fn run(mut self, jobs: Receiver<Job>, queued: &AtomicUsize) {
         loop {
-            let next = match self.parked.iter().map(|p| p.retry_at).min() {
-                Some(at) => jobs.recv_timeout(at.saturating_duration_since(Instant::now())),
-                None => jobs.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
+            // Wake at least once a second to notice a stop even when no job comes.
+            let wait = self
+                .parked
+                .iter()
+                .map(|p| p.retry_at.saturating_duration_since(Instant::now()))
+                .min()
+                .unwrap_or(IDLE_WAKE)
+                .min(IDLE_WAKE);
+            let next = jobs.recv_timeout(wait);
             if self.stopping() {
                 break;
             }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
+use tokio::sync::oneshot;
 
 use super::config::TrackerConfig;
 use super::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
@@ -16,7 +17,8 @@ use super::inspect::SharedView;
 use super::metrics::Metrics;
 use super::redeliver::Redeliverer;
 
-/// How long the redelivery worker may keep finishing its current job after a stop.
+/// How long each thread may take to finish after a stop: the markers consumer its final commit
+/// and close, the redelivery worker its current job.
 const GRACE: Duration = Duration::from_secs(10);
 
 /// A RedeliveryTracker: consumes the markers topic and redelivers what times out.
@@ -114,7 +116,7 @@ impl Tracker {
             stop_worker.clone(),
         )?;
         let worker_queued = queued.clone();
-        let worker = tokio::task::spawn_blocking(move || worker.run(job_rx, &worker_queued));
+        let mut worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;
         let markers = MarkersLoop {
             consumer,
             producer,
@@ -126,35 +128,73 @@ impl Tracker {
             view: self.view.clone(),
             stop: stop_consumer.clone(),
         };
-        let mut consumer = tokio::task::spawn_blocking(move || markers.run());
+        let mut consumer = spawn_thread("markers", move || markers.run())?;
 
-        tokio::select! {
-            _ = shutdown => tracing::info!("stop requested; draining"),
+        let consumer_ended = tokio::select! {
+            _ = shutdown => {
+                tracing::info!("stop requested; draining");
+                false
+            }
             r = &mut consumer => {
                 // The loop only ends on its own when the worker is gone.
-                r.map_err(|e| TrackerError::Thread(e.to_string()))?;
-            }
-        }
-        stop_consumer.store(true, Ordering::Relaxed);
-        self.ready.store(false, Ordering::Relaxed);
-        if !consumer.is_finished() {
-            consumer
-                .await
-                .map_err(|e| TrackerError::Thread(e.to_string()))?;
-        }
-        let mut worker = worker;
-        let finished = tokio::time::timeout(GRACE, &mut worker).await;
-        let result = match finished {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!("redelivery worker still busy after the grace period; its deliveries stay in flight");
-                stop_worker.store(true, Ordering::Relaxed);
-                worker.await
+                r.map_err(|_| TrackerError::Thread("the markers thread panicked".into()))?;
+                true
             }
         };
-        result.map_err(|e| TrackerError::Thread(e.to_string()))?;
+        stop_consumer.store(true, Ordering::Relaxed);
+        self.ready.store(false, Ordering::Relaxed);
+        // The final commit and the consumer's close wait for the group coordinator; with Kafka
+        // gone they would wait forever, so a stop never waits longer than the grace period.
+        // Giving up loses nothing: uncommitted markers are replayed by the next owner.
+        if !consumer_ended && !bounded(&mut consumer, GRACE).await? {
+            tracing::warn!(
+                grace = ?GRACE,
+                "could not commit and leave the group within the grace period (is Kafka reachable?); \
+                 the next owner replays from the last committed offset"
+            );
+        }
+        if !bounded(&mut worker, GRACE).await? {
+            tracing::warn!("redelivery worker still busy after the grace period; its deliveries stay in flight");
+            stop_worker.store(true, Ordering::Relaxed);
+            if !bounded(&mut worker, GRACE).await? {
+                tracing::warn!("redelivery worker did not stop; leaving it behind");
+            }
+        }
         tracing::info!("tracker stopped");
         Ok(())
+    }
+}
+
+/// Runs `f` on a named OS thread and returns a receiver for its result; the receiver fails if
+/// `f` panics.
+///
+/// Not `spawn_blocking`: a runtime waits for its blocking tasks when it is dropped, so a thread
+/// stuck in librdkafka (closing a consumer whose coordinator is unreachable) would keep the
+/// process alive after `run` returned.
+fn spawn_thread<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<oneshot::Receiver<T>, TrackerError> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name(format!("tracker-{name}"))
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| TrackerError::Thread(format!("starting the {name} thread: {e}")))?;
+    Ok(rx)
+}
+
+/// Waits up to `limit` for a thread started by [`spawn_thread`]: `Ok(true)` if it ended in
+/// time, `Ok(false)` if it is still running, an error if it panicked.
+async fn bounded<T>(
+    thread: &mut oneshot::Receiver<T>,
+    limit: Duration,
+) -> Result<bool, TrackerError> {
+    match tokio::time::timeout(limit, thread).await {
+        Ok(Ok(_)) => Ok(true),
+        Ok(Err(_)) => Err(TrackerError::Thread("a tracker thread panicked".into())),
+        Err(_) => Ok(false),
     }
 }
 

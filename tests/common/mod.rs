@@ -290,6 +290,15 @@ pub fn log_file(name: &str) -> std::fs::File {
     std::fs::File::create(dir.join(format!("{name}-{}.log", rand::random::<u32>()))).unwrap()
 }
 
+/// Sends SIGTERM to a child process, as an orchestrator stopping it would.
+pub fn sigterm(child: &std::process::Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill could not be run");
+    assert!(status.success(), "kill -TERM failed");
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
