@@ -30,6 +30,11 @@ pub const TIMEOUT_MS: &str = "kr-timeout-ms";
 /// consumer's retry policy. Copies keep it, so it holds for every redelivery.
 pub const MAX_DELIVERIES: &str = "kr-max-deliveries";
 
+/// On a record delivered from a schedule: where its Schedule marker is, as
+/// `markers-topic/partition@offset` (the part after the `/` is its
+/// [`crate::client::ScheduleId`]).
+pub const SCHEDULE_ID: &str = "kr-schedule-id";
+
 /// Whether the tracker writes this header, so a copy of a copy replaces it rather than
 /// repeating it. [`TIMEOUT_MS`] belongs to the producer and is kept.
 pub fn written_by_tracker(name: &str) -> bool {

@@ -3,8 +3,11 @@
 /// Settings of every producer that writes markers or copies: idempotent, acknowledged by all
 /// in-sync replicas, retried by librdkafka without reordering. A marker or copy that this
 /// producer reports as delivered is durable; that is what the protocol's invariants rest on.
-pub(crate) const DURABLE_PRODUCER: [(&str, &str); 4] = [
+pub(crate) const DURABLE_PRODUCER: [(&str, &str); 5] = [
     ("enable.idempotence", "true"),
+    // A record produced with no partition (a schedule's) goes where the Java client's default
+    // partitioner puts the same key, not where librdkafka's own default would.
+    ("partitioner", "murmur2_random"),
     ("acks", "all"),
     // Batch what arrives together, but never hold a lone marker back for long.
     ("linger.ms", "2"),

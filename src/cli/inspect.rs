@@ -90,8 +90,8 @@ pub fn table(view: &TrackerView) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<9} {:<6} {:>9} {:>12}  {:<24} {:>11}  NEXT DEADLINES IN",
-        "PARTITION", "READY", "IN FLIGHT", "REDELIVERED", "OLDEST", "OLDEST AGE"
+        "{:<9} {:<6} {:>9} {:>9} {:>12}  {:<24} {:>11}  NEXT DEADLINES IN",
+        "PARTITION", "READY", "IN FLIGHT", "SCHEDULED", "REDELIVERED", "OLDEST", "OLDEST AGE"
     );
     for p in &view.partitions {
         let next: Vec<String> = p
@@ -99,17 +99,18 @@ pub fn table(view: &TrackerView) -> String {
             .iter()
             .map(|&d| duration(d))
             .collect();
-        let oldest = if p.in_flight == 0 {
+        let oldest = if p.oldest.is_none() {
             "-".to_string()
         } else {
             duration(p.oldest_age_ms)
         };
         let _ = writeln!(
             out,
-            "{:<9} {:<6} {:>9} {:>12}  {:<24} {:>11}  {}",
+            "{:<9} {:<6} {:>9} {:>9} {:>12}  {:<24} {:>11}  {}",
             p.partition,
             if p.ready { "yes" } else { "no" },
             p.in_flight,
+            p.scheduled,
             p.redeliveries,
             p.oldest.as_deref().unwrap_or("-"),
             oldest,
@@ -121,9 +122,10 @@ pub fn table(view: &TrackerView) -> String {
         );
     }
     let in_flight: usize = view.partitions.iter().map(|p| p.in_flight).sum();
+    let scheduled: usize = view.partitions.iter().map(|p| p.scheduled).sum();
     let _ = writeln!(
         out,
-        "{} partitions, {in_flight} in flight, {}",
+        "{} partitions, {in_flight} in flight, {scheduled} scheduled, {}",
         view.partitions.len(),
         if view.ready { "ready" } else { "catching up" }
     );
@@ -144,6 +146,7 @@ mod tests {
                     partition: 0,
                     ready: true,
                     in_flight: 3,
+                    scheduled: 2,
                     oldest: Some("orders/0@12".into()),
                     oldest_age_ms: 65_000,
                     next_deadlines_in_ms: vec![-20, 1_500],
@@ -154,6 +157,7 @@ mod tests {
                     partition: 1,
                     ready: false,
                     in_flight: 0,
+                    scheduled: 0,
                     oldest: None,
                     oldest_age_ms: 0,
                     next_deadlines_in_ms: vec![],
@@ -173,6 +177,6 @@ mod tests {
             "{t}"
         );
         assert!(lines[2].starts_with("1         no"), "{t}");
-        assert_eq!(lines[3], "2 partitions, 3 in flight, ready");
+        assert_eq!(lines[3], "2 partitions, 3 in flight, 2 scheduled, ready");
     }
 }

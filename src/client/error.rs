@@ -44,6 +44,27 @@ pub enum ClientError {
         /// The librdkafka error.
         error: rdkafka::error::KafkaError,
     },
+    /// A schedule's due time is too close to the markers topic's retention: its marker could
+    /// be deleted before the tracker delivers it. Raise `retention.ms` or schedule sooner.
+    #[error(
+        "cannot schedule {due_in:?} ahead: markers topic `{topic}` keeps records for \
+         {retention:?} (schedules must fall due a tenth of that, at most an hour, earlier)"
+    )]
+    BeyondRetention {
+        /// The markers topic.
+        topic: String,
+        /// How far ahead the record was to be delivered.
+        due_in: std::time::Duration,
+        /// The markers topic's `retention.ms`.
+        retention: std::time::Duration,
+    },
+    /// A scheduled record the marker format cannot carry (bad topic name, negative partition,
+    /// too many headers).
+    #[error("invalid scheduled record: {0}")]
+    InvalidSchedule(String),
+    /// Reading the markers topic to settle a cancel failed.
+    #[error("reading the markers topic: {0}")]
+    Scan(String),
     /// The poll thread could not be started.
     #[error("cannot start the poll thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -29,6 +29,8 @@ mod delivery;
 mod error;
 mod poller;
 mod retry;
+mod schedule_scan;
+mod scheduler;
 mod settler;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,6 +45,10 @@ pub use config::ConsumerConfig;
 pub use delivery::Delivery;
 pub use error::ClientError;
 pub use retry::{Backoff, RetryPolicy};
+pub use scheduler::{CancelOutcome, ScheduleId, Scheduler, SchedulerConfig};
+
+/// The record a schedule carries; build one with [`ScheduledRecord::to`].
+pub use crate::marker::ScheduledRecord;
 
 use poller::Poller;
 use settler::Settler;

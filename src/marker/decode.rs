@@ -1,6 +1,6 @@
 //! Bytes to marker. Total: any input gives a marker or a typed error.
 
-use super::{Marker, MarkerType, SourceRef, VERSION};
+use super::{Marker, MarkerType, ScheduledRecord, SourceRef, VERSION};
 
 /// Why a byte string is not a marker this version understands.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -102,6 +102,17 @@ pub fn decode(bytes: &[u8]) -> Result<Marker, DecodeError> {
             source: r.source()?,
             reason: r.string("reason")?,
         },
+        MarkerType::Schedule => {
+            let not_before_ms = r.i64("not_before_ms")?;
+            if not_before_ms < 0 {
+                return Err(invalid("not_before_ms", not_before_ms));
+            }
+            Marker::Schedule {
+                not_before_ms,
+                delay_ms: r.u64("delay_ms")?,
+                record: Box::new(r.record()?),
+            }
+        }
         MarkerType::Tick => Marker::Tick {
             nonce: r.u64("nonce")?,
         },
@@ -173,6 +184,43 @@ impl<'a> Reader<'a> {
         std::str::from_utf8(raw)
             .map(str::to_owned)
             .map_err(|_| DecodeError::InvalidUtf8(field))
+    }
+
+    /// `i32` length, -1 for none.
+    fn bytes(&mut self, field: &'static str) -> Result<Option<Vec<u8>>, DecodeError> {
+        match self.i32(field)? {
+            -1 => Ok(None),
+            len if len < 0 => Err(invalid(field, len)),
+            len => Ok(Some(self.take(len as usize, field)?.to_vec())),
+        }
+    }
+
+    fn record(&mut self) -> Result<ScheduledRecord, DecodeError> {
+        let topic = self.string("target_topic")?;
+        if topic.is_empty() {
+            return Err(invalid("target_topic", "\"\""));
+        }
+        let partition = match self.i32("target_partition")? {
+            -1 => None,
+            p if p < 0 => return Err(invalid("target_partition", p)),
+            p => Some(p),
+        };
+        let key = self.bytes("key")?;
+        let payload = self.bytes("payload")?;
+        let count = self.u16("header_count")?;
+        // No pre-allocation from the count: a lying count must not reserve memory.
+        let mut headers = Vec::new();
+        for _ in 0..count {
+            let name = self.string("header_name")?;
+            headers.push((name, self.bytes("header_value")?));
+        }
+        Ok(ScheduledRecord {
+            topic,
+            partition,
+            key,
+            payload,
+            headers,
+        })
     }
 
     fn source(&mut self) -> Result<SourceRef, DecodeError> {

@@ -1,6 +1,6 @@
 //! Marker to bytes. See `docs/markers.md` for the layout.
 
-use super::{Marker, SourceRef, MAX_REASON_BYTES, VERSION};
+use super::{Marker, ScheduledRecord, SourceRef, MAX_REASON_BYTES, VERSION};
 
 /// Encodes a marker into its wire form.
 ///
@@ -13,7 +13,10 @@ use super::{Marker, SourceRef, MAX_REASON_BYTES, VERSION};
 /// assert_eq!(decode(&encode(&m)).unwrap(), m);
 /// ```
 pub fn encode(marker: &Marker) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32);
+    let mut out = Vec::with_capacity(match marker {
+        Marker::Schedule { record, .. } => 64 + record.payload.as_ref().map_or(0, Vec::len),
+        _ => 32,
+    });
     out.push(VERSION);
     out.push(marker.marker_type() as u8);
     match marker {
@@ -39,6 +42,15 @@ pub fn encode(marker: &Marker) -> Vec<u8> {
             put_source(&mut out, source);
             put_str(&mut out, truncate(reason, MAX_REASON_BYTES));
         }
+        Marker::Schedule {
+            not_before_ms,
+            delay_ms,
+            record,
+        } => {
+            out.extend_from_slice(&not_before_ms.to_be_bytes());
+            out.extend_from_slice(&delay_ms.to_be_bytes());
+            put_record(&mut out, record);
+        }
         Marker::Tick { nonce } => out.extend_from_slice(&nonce.to_be_bytes()),
     }
     out
@@ -48,6 +60,33 @@ fn put_source(out: &mut Vec<u8>, source: &SourceRef) {
     put_str(out, truncate(&source.topic, u16::MAX as usize));
     out.extend_from_slice(&source.partition.to_be_bytes());
     out.extend_from_slice(&source.offset.to_be_bytes());
+}
+
+fn put_record(out: &mut Vec<u8>, record: &ScheduledRecord) {
+    put_str(out, truncate(&record.topic, u16::MAX as usize));
+    out.extend_from_slice(&record.partition.unwrap_or(-1).to_be_bytes());
+    put_bytes(out, record.key.as_deref());
+    put_bytes(out, record.payload.as_deref());
+    // Callers check the count (see `client::Scheduler`); more than 65535 headers are cut.
+    let count = record.headers.len().min(u16::MAX as usize);
+    out.extend_from_slice(&(count as u16).to_be_bytes());
+    for (name, value) in &record.headers[..count] {
+        put_str(out, truncate(name, u16::MAX as usize));
+        put_bytes(out, value.as_deref());
+    }
+}
+
+/// An `i32` length (-1 for none) and the bytes. Kafka records are far below 2 GiB; the
+/// scheduler refuses anything larger before it gets here.
+fn put_bytes(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
+    match bytes {
+        None => out.extend_from_slice(&(-1i32).to_be_bytes()),
+        Some(b) => {
+            let len = b.len().min(i32::MAX as usize);
+            out.extend_from_slice(&(len as i32).to_be_bytes());
+            out.extend_from_slice(&b[..len]);
+        }
+    }
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {

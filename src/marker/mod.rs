@@ -98,11 +98,39 @@ pub enum Marker {
         /// Why, in the application's words; copied into the dead-letter headers.
         reason: String,
     },
+    /// A record to deliver later. The marker is its own identity: the tracker tracks it by
+    /// the marker's coordinates (markers topic, partition, offset), and an End for those
+    /// coordinates settles it, whether the tracker wrote it after delivering or a producer
+    /// wrote it to cancel.
+    Schedule {
+        /// Earliest delivery time, Unix epoch milliseconds on the broker's clock; 0 for none.
+        not_before_ms: i64,
+        /// Earliest delivery counted from this marker's own timestamp, in milliseconds.
+        /// The record is due at the later of the two.
+        delay_ms: u64,
+        /// What to deliver, and where.
+        record: Box<ScheduledRecord>,
+    },
     /// A tracker's clock probe. `nonce` lets the tracker that wrote it recognise it.
     Tick {
         /// Random value chosen by the writing tracker.
         nonce: u64,
     },
+}
+
+/// The record a [`Marker::Schedule`] carries: everything needed to produce it when due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledRecord {
+    /// Topic to deliver to.
+    pub topic: String,
+    /// Partition to deliver to; `None` lets the tracker's producer choose by key.
+    pub partition: Option<i32>,
+    /// Record key.
+    pub key: Option<Vec<u8>>,
+    /// Record value.
+    pub payload: Option<Vec<u8>>,
+    /// Record headers, in order.
+    pub headers: crate::headers::HeaderList,
 }
 
 /// The type byte of each marker, as written on the wire.
@@ -119,6 +147,8 @@ pub enum MarkerType {
     Nack = 0x04,
     /// [`Marker::Reject`]
     Reject = 0x05,
+    /// [`Marker::Schedule`]
+    Schedule = 0x06,
     /// [`Marker::Tick`]
     Tick = 0x10,
 }
@@ -132,6 +162,7 @@ impl MarkerType {
             0x03 => MarkerType::End,
             0x04 => MarkerType::Nack,
             0x05 => MarkerType::Reject,
+            0x06 => MarkerType::Schedule,
             0x10 => MarkerType::Tick,
             _ => return None,
         })
@@ -145,6 +176,7 @@ impl MarkerType {
             MarkerType::End => "end",
             MarkerType::Nack => "nack",
             MarkerType::Reject => "reject",
+            MarkerType::Schedule => "schedule",
             MarkerType::Tick => "tick",
         }
     }
@@ -159,11 +191,13 @@ impl Marker {
             Marker::End { .. } => MarkerType::End,
             Marker::Nack { .. } => MarkerType::Nack,
             Marker::Reject { .. } => MarkerType::Reject,
+            Marker::Schedule { .. } => MarkerType::Schedule,
             Marker::Tick { .. } => MarkerType::Tick,
         }
     }
 
-    /// The record this marker is about; `None` for a `Tick`.
+    /// The record this marker is about; `None` for a `Tick`, and for a `Schedule`, which is
+    /// about itself.
     pub fn source(&self) -> Option<&SourceRef> {
         match self {
             Marker::Start { source, .. }
@@ -171,7 +205,7 @@ impl Marker {
             | Marker::End { source }
             | Marker::Nack { source, .. }
             | Marker::Reject { source, .. } => Some(source),
-            Marker::Tick { .. } => None,
+            Marker::Schedule { .. } | Marker::Tick { .. } => None,
         }
     }
 }

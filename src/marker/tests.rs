@@ -62,6 +62,34 @@ fn documented_vectors() {
                 nonce: 0x0102_0304_0506_0708,
             },
         ),
+        (
+            "schedule-at",
+            Marker::Schedule {
+                not_before_ms: 1_767_225_600_000,
+                delay_ms: 0,
+                record: Box::new(ScheduledRecord {
+                    topic: "orders".into(),
+                    partition: Some(3),
+                    key: Some(b"k".to_vec()),
+                    payload: Some(b"hi".to_vec()),
+                    headers: vec![("h".into(), Some(b"v".to_vec()))],
+                }),
+            },
+        ),
+        (
+            "schedule-after",
+            Marker::Schedule {
+                not_before_ms: 0,
+                delay_ms: 5_000,
+                record: Box::new(ScheduledRecord {
+                    topic: "orders".into(),
+                    partition: None,
+                    key: None,
+                    payload: None,
+                    headers: vec![],
+                }),
+            },
+        ),
     ];
     for (name, marker) in cases {
         assert_eq!(encode(&marker), vector(name), "encoding of `{name}`");
@@ -77,6 +105,7 @@ fn documented_rejections() {
         ("cut-start", "truncated"),
         ("zero-attempt", "invalid_value"),
         ("trailing", "trailing_bytes"),
+        ("bad-target-partition", "invalid_value"),
     ] {
         let err = decode(&vector(name)).expect_err(name);
         assert_eq!(err.kind(), kind, "vector `{name}`: {err}");
@@ -112,6 +141,29 @@ fn source_strategy() -> impl Strategy<Value = SourceRef> {
         .prop_map(|(topic, partition, offset)| SourceRef::new(topic, partition, offset))
 }
 
+fn bytes_strategy() -> impl Strategy<Value = Option<Vec<u8>>> {
+    proptest::option::of(proptest::collection::vec(any::<u8>(), 0..64))
+}
+
+fn record_strategy() -> impl Strategy<Value = ScheduledRecord> {
+    (
+        "[a-zA-Z0-9._-]{1,249}",
+        proptest::option::of(0..i32::MAX),
+        bytes_strategy(),
+        bytes_strategy(),
+        proptest::collection::vec((".{0,20}", bytes_strategy()), 0..4),
+    )
+        .prop_map(
+            |(topic, partition, key, payload, headers)| ScheduledRecord {
+                topic,
+                partition,
+                key,
+                payload,
+                headers,
+            },
+        )
+}
+
 fn marker_strategy() -> impl Strategy<Value = Marker> {
     prop_oneof![
         (source_strategy(), any::<u32>(), 1..u32::MAX).prop_map(|(source, timeout_ms, attempt)| {
@@ -129,6 +181,13 @@ fn marker_strategy() -> impl Strategy<Value = Marker> {
         (source_strategy(), ".{0,200}")
             .prop_map(|(source, reason)| Marker::Reject { source, reason }),
         any::<u64>().prop_map(|nonce| Marker::Tick { nonce }),
+        (0..i64::MAX, any::<u64>(), record_strategy()).prop_map(
+            |(not_before_ms, delay_ms, record)| Marker::Schedule {
+                not_before_ms,
+                delay_ms,
+                record: Box::new(record),
+            }
+        ),
     ]
 }
 

@@ -38,6 +38,9 @@ pub enum Action {
         /// Attempt number the copy carries.
         attempt: u32,
     },
+    /// Produce a scheduled record to its target topic: read the Schedule marker back and
+    /// deliver what it carries.
+    Publish,
     /// Produce a copy to the dead-letter topic.
     DeadLetter {
         /// Why.
@@ -51,9 +54,11 @@ pub enum Action {
 ///
 /// A timed-out or nacked delivery whose attempt already reached the maximum is dead-lettered;
 /// otherwise it is redelivered with the next attempt number. A rejected one is always
-/// dead-lettered.
+/// dead-lettered. A due schedule is published; its deliveries are counted by the consumers
+/// of its target topic, not here.
 pub fn decide(expiry: &Expiry, max_deliveries: u32) -> Action {
     match &expiry.cause {
+        Cause::Scheduled => Action::Publish,
         Cause::Rejected(reason) => Action::DeadLetter {
             reason: DlqReason::Rejected,
             detail: reason.clone(),

@@ -135,7 +135,7 @@ impl ConsumerContext for TrackerContext {
                 let id = e.partition();
                 owned.partitions.entry(id).or_insert_with(|| {
                     tracing::info!(partition = id, "partition assigned; replaying");
-                    OwnedPartition::new(id, random_nonce())
+                    OwnedPartition::new(&self.markers_topic, id, random_nonce())
                 });
             }
         }
@@ -314,15 +314,16 @@ impl MarkersLoop {
             let ready = p.is_ready();
             all_ready &= ready;
             let s = p.next_offset.map(|next| p.state.summary(next, now_ms));
-            let (in_flight, oldest) = s
+            let (in_flight, scheduled, oldest) = s
                 .as_ref()
-                .map_or((0, 0), |s| (s.in_flight, s.oldest_age_ms));
+                .map_or((0, 0, 0), |s| (s.in_flight, s.scheduled, s.oldest_age_ms));
             self.metrics
-                .partition_gauges(p.id, in_flight, oldest, ready);
+                .partition_gauges(p.id, in_flight, scheduled, oldest, ready);
             views.push(PartitionView {
                 partition: p.id,
                 ready,
                 in_flight,
+                scheduled,
                 oldest: s
                     .as_ref()
                     .and_then(|s| s.oldest.as_ref())

@@ -14,7 +14,10 @@ pub struct PartitionView {
     pub ready: bool,
     /// Deliveries in flight.
     pub in_flight: usize,
-    /// The oldest delivery in flight, as `topic/partition@offset`: the one holding the markers
+    /// Schedules waiting for their due time. `#[serde(default)]`: older trackers omit it.
+    #[serde(default)]
+    pub scheduled: usize,
+    /// The oldest delivery or schedule in flight, as `topic/partition@offset`: the one holding the markers
     /// commit back.
     pub oldest: Option<String>,
     /// Age of the oldest delivery in flight, in milliseconds (to within a second).

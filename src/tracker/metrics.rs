@@ -40,6 +40,9 @@ pub struct Metrics {
     produce_errors: IntCounterVec,
     consume_errors: IntCounter,
     parked: IntGauge,
+    scheduled: IntGaugeVec,
+    published: IntCounterVec,
+    cancelled: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -89,6 +92,10 @@ impl Metrics {
         let parked = single(
             "redelivery_parked_deliveries",
             "Due deliveries whose copy every target refused for good; kept in flight and retried",
+        );
+        let cancelled = single_counter(
+            "redelivery_schedules_cancelled_total",
+            "Schedules cancelled (an End read before they were due)",
         );
         let commits = single_counter(
             "redelivery_commits_total",
@@ -179,10 +186,23 @@ impl Metrics {
             produce_errors: counter(
                 &r,
                 "redelivery_produce_errors_total",
-                "Failed produce attempts, by what was produced (copy, dead_letter, end, tick)",
+                "Failed produce attempts, by what was produced (copy, dead_letter, scheduled, end, tick)",
                 &["what"],
             ),
+            scheduled: gauge(
+                &r,
+                "redelivery_schedules_pending",
+                "Schedules waiting for their due time",
+                &["partition"],
+            ),
+            published: counter(
+                &r,
+                "redelivery_schedules_published_total",
+                "Scheduled records produced to their target topic",
+                &["topic"],
+            ),
             registry: r,
+            cancelled,
             ready,
             assigned,
             deadline_lag,
@@ -207,7 +227,7 @@ impl Metrics {
         for kind in Oddity::ALL {
             self.odd_markers.with_label_values(&[kind.name()]);
         }
-        for what in ["copy", "dead_letter", "end", "tick"] {
+        for what in ["copy", "dead_letter", "scheduled", "end", "tick"] {
             self.produce_errors.with_label_values(&[what]);
         }
     }
@@ -274,6 +294,18 @@ impl Metrics {
             .inc();
     }
 
+    /// A due schedule's record reached its target topic.
+    pub fn published(&self, id: &SourceRef, target: &str) {
+        tracing::debug!(schedule = %id, target, "scheduled record published");
+        self.published.with_label_values(&[target]).inc();
+    }
+
+    /// A schedule was cancelled before it was due.
+    pub fn cancelled(&self, partition: i32, offset: i64) {
+        tracing::debug!(partition, offset, "schedule cancelled");
+        self.cancelled.inc();
+    }
+
     /// How late, in seconds, a copy was made durable after its deadline.
     pub fn deadline_lag(&self, seconds: f64) {
         self.deadline_lag.observe(seconds.max(0.0));
@@ -332,10 +364,14 @@ impl Metrics {
         &self,
         partition: i32,
         in_flight: usize,
+        scheduled: usize,
         oldest_age_ms: i64,
         ready: bool,
     ) {
         let p = partition.to_string();
+        self.scheduled
+            .with_label_values(&[&p])
+            .set(scheduled as i64);
         self.in_flight
             .with_label_values(&[&p])
             .set(in_flight as i64);
@@ -358,6 +394,7 @@ impl Metrics {
     pub fn forget_partition(&self, partition: i32) {
         let p = partition.to_string();
         let _ = self.in_flight.remove_label_values(&[&p]);
+        let _ = self.scheduled.remove_label_values(&[&p]);
         let _ = self.oldest_age.remove_label_values(&[&p]);
         let _ = self.partition_ready.remove_label_values(&[&p]);
         let _ = self.markers_lag.remove_label_values(&[&p]);

@@ -5,6 +5,7 @@
 //! - [`partition`]: one owned markers partition and its catch-up.
 //! - [`action`] and [`copy`]: what to do with a due delivery, and the copy's headers.
 //! - `consumer`, `redeliver`, `source_reader`: the threads and clients that do the I/O.
+//! - `scheduled`: a due Schedule marker back into the record it carries.
 //! - [`inspect`]: the read-only view behind `/inspect`.
 //! - [`service`]: [`Tracker`], which wires them together and stops gracefully.
 
@@ -20,6 +21,7 @@ pub mod metrics;
 mod outgoing;
 pub mod partition;
 mod redeliver;
+mod scheduled;
 pub mod service;
 mod source_reader;
 pub mod state;

@@ -51,11 +51,11 @@ pub struct OwnedPartition {
 }
 
 impl OwnedPartition {
-    /// A partition just assigned, waiting for the Tick with `nonce`.
-    pub fn new(id: i32, nonce: u64) -> Self {
+    /// Partition `id` of `markers_topic`, just assigned, waiting for the Tick with `nonce`.
+    pub fn new(markers_topic: &str, id: i32, nonce: u64) -> Self {
         OwnedPartition {
             id,
-            state: PartitionState::new(),
+            state: PartitionState::at(markers_topic, id),
             clock: PartitionClock::default(),
             next_offset: None,
             catch_up: CatchUp::Replaying {
@@ -109,6 +109,7 @@ impl OwnedPartition {
                 }
             }
             Applied::Odd(oddity) => metrics.odd_marker(self.id, offset, oddity, marker.source()),
+            Applied::Cancelled => metrics.cancelled(self.id, offset),
             _ => {}
         }
     }
@@ -129,7 +130,7 @@ mod tests {
     #[test]
     fn ready_only_after_its_own_tick() {
         let metrics = Metrics::new();
-        let mut p = OwnedPartition::new(0, 42);
+        let mut p = OwnedPartition::new("m", 0, 42);
         let t0 = Instant::now();
         assert_eq!(p.tick_due(t0), Some(42));
         p.tick_sent(t0);

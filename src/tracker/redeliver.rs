@@ -31,6 +31,7 @@ use super::config::TrackerConfig;
 use super::copy::copy_headers;
 use super::metrics::Metrics;
 use super::outgoing::{end_marker, Outgoing, Sender};
+use super::scheduled::unpack;
 use super::source_reader::{ReadOutcome, SourceReader};
 use super::state::{Cause, Expiry};
 
@@ -218,11 +219,11 @@ impl Redeliverer {
             for (i, result) in round.into_iter().zip(results) {
                 let Err(why) = result else { continue };
                 let p = &mut pending[i];
-                if let Action::Redeliver { .. } = p.action {
+                if let Action::Redeliver { .. } | Action::Publish = p.action {
                     // Try the dead-letter topic, once, in the next round.
                     p.action = Action::DeadLetter {
                         reason: DlqReason::CopyRejected,
-                        detail: format!("the copy to {} was refused: {why}", p.expiry.source.topic),
+                        detail: format!("the copy to {} was refused: {why}", home_topic(p)),
                     };
                     p.copy = Some(self.build_copy(&p.expiry, &p.action, p.record.as_ref()));
                     next.push(i);
@@ -259,8 +260,9 @@ impl Redeliverer {
                 };
                 self.metrics.redelivered(&p.expiry.source, cause, *attempt);
             }
+            Action::Publish => self.metrics.published(&p.expiry.source, home_topic(p)),
             Action::DeadLetter { reason, detail } => {
-                let dlq = self.config.dlq_topic_for(&p.expiry.source.topic);
+                let dlq = self.config.dlq_topic_for(home_topic(p));
                 self.metrics
                     .dead_lettered(&p.expiry.source, &dlq, *reason, detail);
             }
@@ -329,6 +331,13 @@ impl Redeliverer {
     }
 
     fn pending(&self, expiry: Expiry, action: Action, outcome: Option<ReadOutcome>) -> Pending {
+        // A schedule's "source record" is its marker: deliver the record inside it.
+        let outcome = match (outcome, &action) {
+            (Some(ReadOutcome::Found(marker)), Action::Publish) => {
+                Some(unpack(&marker).map_or_else(ReadOutcome::Gone, ReadOutcome::Found))
+            }
+            (outcome, _) => outcome,
+        };
         let (action, record) = match outcome {
             Some(ReadOutcome::Found(m)) => (action, Some(m)),
             Some(ReadOutcome::Gone(why)) => (
@@ -366,6 +375,20 @@ impl Redeliverer {
         let original = record.map_or_else(Vec::new, |m| headers::from_kafka(m.headers()));
         let source = &expiry.source;
         let (what, topic, partition, headers) = match action {
+            Action::Publish => {
+                let mut headers = original;
+                headers.push((
+                    crate::headers::SCHEDULE_ID.to_string(),
+                    Some(source.to_string().into_bytes()),
+                ));
+                let (topic, partition) = record.map_or((source.topic.clone(), None), |m| {
+                    (
+                        m.topic().to_string(),
+                        Some(m.partition()).filter(|p| *p >= 0),
+                    )
+                });
+                ("scheduled", topic, partition, headers)
+            }
             Action::Redeliver { attempt } => (
                 "copy",
                 source.topic.clone(),
@@ -374,7 +397,8 @@ impl Redeliverer {
             ),
             Action::DeadLetter { reason, detail } => (
                 "dead_letter",
-                self.config.dlq_topic_for(&source.topic),
+                self.config
+                    .dlq_topic_for(record.map_or(source.topic.as_str(), |m| m.topic())),
                 None,
                 copy_headers(&original, source, expiry.attempt, Some((*reason, detail))),
             ),
@@ -388,4 +412,12 @@ impl Redeliverer {
             headers,
         }
     }
+}
+
+/// The topic a pending delivery belongs to: the target of a schedule, else the source topic.
+/// Its dead-letter topic is derived from it.
+fn home_topic(p: &Pending) -> &str {
+    p.record
+        .as_ref()
+        .map_or(p.expiry.source.topic.as_str(), |m| m.topic())
 }

@@ -48,6 +48,8 @@ enum Phase {
     Dispatched = 3,
     /// The slot holds no delivery and is on the free list.
     Free = 4,
+    /// A Schedule marker waiting for its due time; its key is the marker's own coordinates.
+    Scheduled = 5,
 }
 
 /// Start offset (48 bits), attempt (13 bits) and phase (3 bits) in one word. 2^48 markers is
@@ -82,6 +84,7 @@ impl Meta {
             1 => Phase::Nacked,
             2 => Phase::Rejected,
             3 => Phase::Dispatched,
+            5 => Phase::Scheduled,
             _ => Phase::Free,
         }
     }
@@ -118,6 +121,8 @@ pub enum Cause {
     Nacked,
     /// The consumer rejected it, with this reason.
     Rejected(String),
+    /// A Schedule marker fell due; `source` is the marker's own coordinates.
+    Scheduled,
 }
 
 /// A delivery whose deadline has passed: the tracker must act on it.
@@ -149,6 +154,10 @@ pub enum Applied {
     Nacked,
     /// Delivery due for the dead-letter topic.
     Rejected,
+    /// A Schedule marker is tracked until its due time.
+    Scheduled,
+    /// An End for a schedule not yet due: cancelled, it will never be delivered.
+    Cancelled,
     /// A clock probe with this nonce.
     Tick(u64),
     /// The marker made no sense here and was skipped.
@@ -193,17 +202,23 @@ impl Oddity {
 pub struct Summary {
     /// The markers offset it is safe to commit.
     pub commit_offset: i64,
-    /// Deliveries in flight, including those being redelivered.
+    /// Deliveries in flight, including those being redelivered; pending schedules are counted
+    /// in `scheduled` instead (a schedule handed to the redelivery worker counts here).
     pub in_flight: usize,
     /// Age in ms of the oldest delivery in flight (0 when none), to within a second.
     pub oldest_age_ms: i64,
     /// The oldest delivery in flight: the one holding the commit back.
     pub oldest: Option<SourceRef>,
+    /// Schedules waiting for their due time (not yet handed to the redelivery worker).
+    pub scheduled: usize,
 }
 
 /// Deliveries in progress for one markers partition.
 #[derive(Debug, Default)]
 pub struct PartitionState {
+    /// The markers topic and partition this state belongs to: the coordinates of its Schedule
+    /// markers.
+    home: (String, i32),
     topics: Interner,
     slots: Vec<Slot>,
     free: Vec<u32>,
@@ -224,9 +239,18 @@ fn hash(key: &Key) -> u64 {
 }
 
 impl PartitionState {
-    /// An empty state.
+    /// An empty state. Schedule markers get the coordinates (``, 0); see [`Self::at`].
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty state for markers partition `partition` of `markers_topic`, which is where its
+    /// Schedule markers live and so what their message ids name.
+    pub fn at(markers_topic: &str, partition: i32) -> Self {
+        PartitionState {
+            home: (markers_topic.to_string(), partition),
+            ..Self::default()
+        }
     }
 
     /// Applies one marker read at `offset` with broker timestamp `timestamp_ms`.
@@ -260,6 +284,15 @@ impl PartitionState {
                 applied
             }
             Marker::End { source } => self.end(source),
+            Marker::Schedule {
+                not_before_ms,
+                delay_ms,
+                ..
+            } => {
+                let delay = i64::try_from(*delay_ms).unwrap_or(i64::MAX);
+                let due = timestamp_ms.saturating_add(delay).max(*not_before_ms);
+                self.schedule(offset, timestamp_ms, due)
+            }
             Marker::Tick { nonce } => Applied::Tick(*nonce),
         }
     }
@@ -275,8 +308,11 @@ impl PartitionState {
         let key = self.intern(source);
         if let Some(i) = self.find(&key) {
             let slot = &mut self.slots[i as usize];
-            if slot.meta.phase() == Phase::Dispatched {
-                return Applied::Odd(Oddity::LateForRedelivery);
+            match slot.meta.phase() {
+                Phase::Dispatched => return Applied::Odd(Oddity::LateForRedelivery),
+                // A Start naming a pending schedule's coordinates: nobody consumed it.
+                Phase::Scheduled => return Applied::Odd(Oddity::SettleWithoutStart),
+                _ => {}
             }
             // A re-polled batch: keep the earliest Start offset so the commit stays behind it.
             slot.deadline_ms = deadline;
@@ -294,10 +330,33 @@ impl PartitionState {
         };
         let i = self.insert(slot);
         self.push_deadline(deadline, i);
+        self.sample_time(offset, ts);
+        Applied::Started
+    }
+
+    /// Tracks the Schedule marker at `offset` until `due`. Its key is the marker's own place,
+    /// so the commit offset stays behind it like behind a Start, and an End for it cancels it.
+    fn schedule(&mut self, offset: i64, ts: i64, due: i64) -> Applied {
+        let id = SourceRef::new(self.home.0.clone(), self.home.1, offset);
+        let key = self.intern(&id);
+        if self.find(&key).is_some() {
+            // One marker offset is read once per assignment; nothing to do if it repeats.
+            return Applied::Scheduled;
+        }
+        let i = self.insert(Slot {
+            key,
+            deadline_ms: due,
+            meta: Meta::new(offset, 0, Phase::Scheduled),
+        });
+        self.push_deadline(due, i);
+        self.sample_time(offset, ts);
+        Applied::Scheduled
+    }
+
+    fn sample_time(&mut self, offset: i64, ts: i64) {
         if self.time_index.back().is_none_or(|&(_, t)| ts >= t + 1000) {
             self.time_index.push_back((offset, ts));
         }
-        Applied::Started
     }
 
     fn reschedule(&mut self, source: &SourceRef, due: i64, phase: Phase, ok: Applied) -> Applied {
@@ -308,6 +367,10 @@ impl PartitionState {
         let current = slot.meta.phase();
         if current == Phase::Dispatched {
             return Applied::Odd(Oddity::LateForRedelivery);
+        }
+        if current == Phase::Scheduled {
+            // Nobody consumes a schedule before it is due, so nobody can settle it but an End.
+            return Applied::Odd(Oddity::SettleWithoutStart);
         }
         // Once nacked or rejected, a late KeepAlive must not turn it back into a plain delivery.
         if phase == Phase::Waiting && current != Phase::Waiting {
@@ -324,7 +387,11 @@ impl PartitionState {
             return Applied::Odd(Oddity::EndWithoutStart);
         };
         self.reject_reasons.remove(&key);
+        let was_scheduled = self
+            .find(&key)
+            .is_some_and(|i| self.slots[i as usize].meta.phase() == Phase::Scheduled);
         match self.remove(&key) {
+            Some(_) if was_scheduled => Applied::Cancelled,
             Some(_) => Applied::Ended,
             None => Applied::Odd(Oddity::EndWithoutStart),
         }
@@ -353,6 +420,7 @@ impl PartitionState {
                 Phase::Rejected => {
                     Cause::Rejected(self.reject_reasons.remove(&key).unwrap_or_default())
                 }
+                Phase::Scheduled => Cause::Scheduled,
                 _ => Cause::Timeout,
             };
             out.push(Expiry {
@@ -401,11 +469,18 @@ impl PartitionState {
     /// The commit offset, size and oldest age, given the offset after the last marker read and
     /// the current partition time.
     pub fn summary(&mut self, next_offset: i64, now_ms: i64) -> Summary {
-        let oldest = self
-            .slots
-            .iter()
-            .filter(|s| s.meta.phase() != Phase::Free)
-            .min_by_key(|s| s.meta.start_offset());
+        let mut oldest: Option<&Slot> = None;
+        let mut scheduled = 0;
+        for slot in &self.slots {
+            match slot.meta.phase() {
+                Phase::Free => continue,
+                Phase::Scheduled => scheduled += 1,
+                _ => {}
+            }
+            if oldest.is_none_or(|o| slot.meta.start_offset() < o.meta.start_offset()) {
+                oldest = Some(slot);
+            }
+        }
         let Some(oldest) = oldest else {
             self.time_index.clear();
             return Summary {
@@ -413,6 +488,7 @@ impl PartitionState {
                 in_flight: 0,
                 oldest_age_ms: 0,
                 oldest: None,
+                scheduled: 0,
             };
         };
         let min_start = oldest.meta.start_offset();
@@ -425,9 +501,10 @@ impl PartitionState {
         let oldest_ts = self.time_index.front().map_or(now_ms, |&(_, t)| t);
         Summary {
             commit_offset: min_start,
-            in_flight: self.in_flight(),
+            in_flight: self.in_flight() - scheduled,
             oldest_age_ms: (now_ms - oldest_ts).max(0),
             oldest: Some(oldest),
+            scheduled,
         }
     }
 

@@ -394,3 +394,99 @@ fn next_deadlines_lists_the_soonest_distinct_live_ones() {
     assert_eq!(s.next_deadlines(10), vec![100, 200, 300, 500]);
     assert!(PartitionState::new().next_deadlines(3).is_empty());
 }
+
+fn schedule(not_before_ms: i64, delay_ms: u64) -> Marker {
+    Marker::Schedule {
+        not_before_ms,
+        delay_ms,
+        record: Box::new(crate::marker::ScheduledRecord {
+            topic: "orders".into(),
+            partition: None,
+            key: None,
+            payload: Some(b"later".to_vec()),
+            headers: vec![],
+        }),
+    }
+}
+
+#[test]
+fn a_schedule_is_due_at_the_later_of_its_time_and_delay_and_named_by_its_marker() {
+    let mut s = PartitionState::at("orders.markers", 3);
+    assert_eq!(
+        s.on_marker(40, 1_000, &schedule(0, 500)),
+        Applied::Scheduled
+    );
+    assert_eq!(
+        s.on_marker(41, 1_000, &schedule(9_000, 500)),
+        Applied::Scheduled
+    );
+    assert_eq!(
+        s.on_marker(42, 1_000, &schedule(200, 0)),
+        Applied::Scheduled
+    );
+    let summary = s.summary(43, 1_000);
+    assert_eq!((summary.scheduled, summary.in_flight), (3, 0));
+    assert_eq!(
+        summary.commit_offset, 40,
+        "the commit stays behind a schedule"
+    );
+    let due = s.expired(1_500, 10);
+    let ids: Vec<(String, i64, i64)> = due
+        .iter()
+        .map(|e| (e.source.to_string(), e.deadline_ms, i64::from(e.attempt)))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            ("orders.markers/3@42".to_string(), 1_000, 0),
+            ("orders.markers/3@40".to_string(), 1_500, 0)
+        ]
+    );
+    assert!(due.iter().all(|e| e.cause == Cause::Scheduled));
+    assert_eq!(s.next_deadline(), Some(9_000));
+    let summary = s.summary(43, 1_500);
+    assert_eq!(
+        (summary.scheduled, summary.in_flight),
+        (1, 2),
+        "dispatched schedules count as in flight until their End"
+    );
+    let end = |offset| Marker::End {
+        source: SourceRef::new("orders.markers", 3, offset),
+    };
+    assert_eq!(s.on_marker(50, 1_600, &end(40)), Applied::Ended);
+    assert_eq!(s.on_marker(51, 1_600, &end(41)), Applied::Cancelled);
+    assert!(s
+        .expired(i64::MAX, 10)
+        .iter()
+        .all(|e| e.source.offset != 41));
+    assert_eq!(
+        s.on_marker(52, 1_600, &end(41)),
+        Applied::Odd(Oddity::EndWithoutStart)
+    );
+}
+
+#[test]
+fn settling_markers_cannot_touch_a_pending_schedule() {
+    let mut s = PartitionState::at("m", 0);
+    s.on_marker(7, 0, &schedule(0, 1_000));
+    let id = SourceRef::new("m", 0, 7);
+    let nack = Marker::Nack {
+        source: id.clone(),
+        delay_ms: 0,
+    };
+    assert_eq!(
+        s.on_marker(8, 0, &nack),
+        Applied::Odd(Oddity::SettleWithoutStart)
+    );
+    let start = Marker::Start {
+        source: id,
+        timeout_ms: 1,
+        attempt: 1,
+    };
+    assert_eq!(
+        s.on_marker(9, 0, &start),
+        Applied::Odd(Oddity::SettleWithoutStart)
+    );
+    assert!(s.expired(999, 10).is_empty(), "still due at its own time");
+    assert_eq!(s.expired(1_000, 10).len(), 1);
+}
