@@ -13,6 +13,10 @@ pub const POINTS: [&str; 5] = [
     "after-end-sent",
 ];
 
+/// Points in the tracker: the records of due schedules are durable on their target topic and
+/// their Ends are not yet written.
+pub const TRACKER_POINTS: [&str; 1] = ["after-publish-durable"];
+
 /// Aborts the process if `KR_FAILPOINT` is `name` (feature `failpoints` only).
 #[cfg(feature = "failpoints")]
 pub fn hit(name: &str) {

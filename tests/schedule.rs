@@ -220,3 +220,136 @@ async fn a_delay_beyond_the_markers_retention_is_refused_clearly() {
         "{missing:?}"
     );
 }
+
+/// Waits until `/readyz` says ready; returns when.
+async fn ready_at(admin: &str) -> std::time::Instant {
+    wait_ready_http(admin).await;
+    std::time::Instant::now()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_pending_through_a_tracker_sigkill_each_arrive_exactly_once() {
+    const N: usize = 3000;
+    let t = topics(4, 4).await;
+    let group = unique("tracker");
+    let start_tracker = || {
+        let (mut c, admin) = Cluster::shared().tracker_command(&t, &group, 5);
+        let child = c
+            .args(["-X", "session.timeout.ms=6000"])
+            .stderr(std::process::Stdio::from(log_file(&group)))
+            .spawn()
+            .unwrap();
+        (ChildGuard(child), admin)
+    };
+    let (mut tracker, admin) = start_tracker();
+    wait_ready_http(&admin).await;
+    let s = scheduler(&t).await;
+
+    // Due at random times over 3..23 s, so some are being published when the kill comes.
+    let sent_at = now_ms();
+    let delays: Vec<u64> = (0..N)
+        .map(|_| rand::random::<u64>() % 20_000 + 3_000)
+        .collect();
+    let sends = delays.iter().enumerate().map(|(i, &d)| {
+        let s = s.clone();
+        let record = ScheduledRecord::to(&t.source)
+            .key(format!("s-{i}"))
+            .payload(format!("{d}"));
+        async move { s.send_after(record, Duration::from_millis(d)).await }
+    });
+    for r in futures::future::join_all(sends).await {
+        r.unwrap();
+    }
+
+    tokio::time::sleep(Duration::from_millis(8_000)).await;
+    tracker.0.kill().unwrap();
+    let killed = std::time::Instant::now();
+    tracker.0.wait().unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_tracker, admin) = start_tracker();
+    let down = ready_at(&admin).await.duration_since(killed);
+
+    let got = read(&t.source, N, Duration::from_secs(120));
+    // Anything published twice would be there by now; read a little longer to see it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = read(&t.source, N + 1, Duration::from_secs(5));
+    assert!(got.len() >= N, "only {} of {N} arrived", got.len());
+    let mut seen = std::collections::HashMap::new();
+    for m in &all {
+        *seen
+            .entry(String::from_utf8_lossy(m.key().unwrap()).into_owned())
+            .or_insert(0) += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, &n)| n > 1).collect();
+    assert_eq!(seen.len(), N, "some schedules never arrived");
+    assert!(twice.is_empty(), "published more than once: {twice:?}");
+
+    // None is late by more than the tracker's downtime plus a small bound. A record's due
+    // time is at most `sent_at + delay` later than this lower bound, so lateness is overstated.
+    let bound = down + Duration::from_secs(5);
+    let (mut latest, mut early) = (0i64, 0);
+    for m in &all {
+        let delay: i64 = std::str::from_utf8(m.payload().unwrap())
+            .unwrap()
+            .parse()
+            .unwrap();
+        let arrived = m.timestamp().to_millis().unwrap();
+        let late = arrived - (sent_at + delay);
+        latest = latest.max(late);
+        if late < 0 {
+            early += 1;
+        }
+    }
+    assert_eq!(early, 0, "records arrived before their due time");
+    assert!(
+        latest <= bound.as_millis() as i64,
+        "latest was {latest} ms late; the tracker was down {down:?}"
+    );
+    println!("down {down:?}, latest {latest} ms late");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracker_killed_between_publishing_and_its_end_does_not_publish_twice() {
+    const N: usize = 50;
+    let t = topics(2, 1).await;
+    let group = unique("tracker");
+    let tracker = |failpoint: Option<&str>| {
+        let (mut c, admin) = Cluster::shared().tracker_command(&t, &group, 5);
+        c.args(["-X", "session.timeout.ms=6000"])
+            .stderr(std::process::Stdio::from(log_file(&group)));
+        if let Some(point) = failpoint {
+            c.env("KR_FAILPOINT", point);
+        }
+        (ChildGuard(c.spawn().unwrap()), admin)
+    };
+    let (mut doomed, admin) = tracker(Some("after-publish-durable"));
+    wait_ready_http(&admin).await;
+    let s = scheduler(&t).await;
+    for i in 0..N {
+        s.send_after(
+            ScheduledRecord::to(&t.source).key(format!("k-{i}")),
+            Duration::from_millis(1_000),
+        )
+        .await
+        .unwrap();
+    }
+    let status = tokio::task::spawn_blocking(move || doomed.0.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(!status.success(), "the failpoint did not fire");
+    let first = read(&t.source, 1, Duration::from_secs(10)).len();
+    assert!(first > 0, "nothing was published before the crash");
+
+    let (_tracker, admin) = tracker(None);
+    wait_ready_http(&admin).await;
+    let got = read(&t.source, N, Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = read(&t.source, N + 1, Duration::from_secs(5));
+    assert_eq!(got.len(), N);
+    assert_eq!(all.len(), N, "a schedule was published twice");
+    let body = http_get(&admin, "/metrics").unwrap().1;
+    assert!(
+        metric_sum(&body, "redelivery_schedules_already_published_total") > 0.0,
+        "the restarted tracker did not recognise what its predecessor published"
+    );
+}

@@ -87,6 +87,7 @@ mod tests {
             attempt,
             cause,
             deadline_ms: 0,
+            due_before_takeover: false,
         }
     }
 

@@ -283,7 +283,7 @@ impl MarkersLoop {
             let Some(now_ms) = p.clock.now_ms(now) else {
                 continue;
             };
-            let expiries = p.state.expired(now_ms, self.config.expiry_batch);
+            let expiries = p.take_due(now_ms, self.config.expiry_batch);
             if expiries.is_empty() {
                 continue;
             }

@@ -43,6 +43,7 @@ pub struct Metrics {
     scheduled: IntGaugeVec,
     published: IntCounterVec,
     cancelled: IntCounter,
+    already_published: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -96,6 +97,10 @@ impl Metrics {
         let cancelled = single_counter(
             "redelivery_schedules_cancelled_total",
             "Schedules cancelled (an End read before they were due)",
+        );
+        let already_published = single_counter(
+            "redelivery_schedules_already_published_total",
+            "Due schedules found already published by a previous owner after a takeover, and not published again",
         );
         let commits = single_counter(
             "redelivery_commits_total",
@@ -203,6 +208,7 @@ impl Metrics {
             ),
             registry: r,
             cancelled,
+            already_published,
             ready,
             assigned,
             deadline_lag,
@@ -298,6 +304,22 @@ impl Metrics {
     pub fn published(&self, id: &SourceRef, target: &str) {
         tracing::debug!(schedule = %id, target, "scheduled record published");
         self.published.with_label_values(&[target]).inc();
+    }
+
+    /// A due schedule was found already published by the partition's previous owner.
+    pub fn already_published(&self, id: &SourceRef, target: &str) {
+        tracing::info!(schedule = %id, target, "already published by the previous owner; not publishing again");
+        self.already_published.inc();
+    }
+
+    /// Whether a previous owner published some schedules could not be checked.
+    pub fn published_check_failed(&self, target: &str, schedules: usize, why: &str) {
+        tracing::warn!(
+            target,
+            schedules,
+            why,
+            "cannot tell whether the previous owner already published these schedules; publishing them (a duplicate is possible)"
+        );
     }
 
     /// A schedule was cancelled before it was due.

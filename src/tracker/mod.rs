@@ -5,7 +5,8 @@
 //! - [`partition`]: one owned markers partition and its catch-up.
 //! - [`action`] and [`copy`]: what to do with a due delivery, and the copy's headers.
 //! - `consumer`, `redeliver`, `source_reader`: the threads and clients that do the I/O.
-//! - `scheduled`: a due Schedule marker back into the record it carries.
+//! - `scheduled`, `published_check`: a due Schedule marker back into its record, and the
+//!   check that a previous owner did not publish it already.
 //! - [`inspect`]: the read-only view behind `/inspect`.
 //! - [`service`]: [`Tracker`], which wires them together and stops gracefully.
 
@@ -20,6 +21,7 @@ mod interner;
 pub mod metrics;
 mod outgoing;
 pub mod partition;
+mod published_check;
 mod redeliver;
 mod scheduled;
 pub mod service;

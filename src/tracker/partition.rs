@@ -12,7 +12,7 @@ use crate::marker::Marker;
 
 use super::clock::PartitionClock;
 use super::metrics::Metrics;
-use super::state::{Applied, PartitionState};
+use super::state::{Applied, Expiry, PartitionState};
 
 /// How long to wait for a Tick to come back before writing another one.
 pub const TICK_RETRY: Duration = Duration::from_secs(5);
@@ -48,6 +48,9 @@ pub struct OwnedPartition {
     pub committed: Option<i64>,
     /// Deliveries handed to the redelivery worker since this partition was assigned.
     pub redeliveries: u64,
+    /// Broker time of the Tick that ended catch-up. Anything due before it may have been
+    /// acted on by the previous owner.
+    pub ready_at_ms: Option<i64>,
 }
 
 impl OwnedPartition {
@@ -64,6 +67,7 @@ impl OwnedPartition {
             },
             committed: None,
             redeliveries: 0,
+            ready_at_ms: None,
         }
     }
 
@@ -100,6 +104,7 @@ impl OwnedPartition {
                 if matches!(self.catch_up, CatchUp::Replaying { nonce: want, .. } if want == nonce)
                 {
                     self.catch_up = CatchUp::Ready;
+                    self.ready_at_ms = Some(timestamp_ms);
                     tracing::info!(
                         partition = self.id,
                         offset,
@@ -112,6 +117,17 @@ impl OwnedPartition {
             Applied::Cancelled => metrics.cancelled(self.id, offset),
             _ => {}
         }
+    }
+
+    /// Takes the due deliveries at partition time `now_ms` (at most `limit`), marking those
+    /// due before catch-up ended (see [`Expiry::due_before_takeover`]).
+    pub fn take_due(&mut self, now_ms: i64, limit: usize) -> Vec<Expiry> {
+        let mut due = self.state.expired(now_ms, limit);
+        let ready_at = self.ready_at_ms.unwrap_or(i64::MAX);
+        for e in &mut due {
+            e.due_before_takeover = e.deadline_ms <= ready_at;
+        }
+        due
     }
 
     /// Notes that a record (marker or not) at `offset` with `timestamp_ms` was read at `at`.

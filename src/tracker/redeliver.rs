@@ -14,7 +14,7 @@
 //! [`MAX_PARK`]) without holding up other redeliveries. `redelivery_parked_deliveries` shows
 //! how many wait so.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
@@ -31,6 +31,7 @@ use super::config::TrackerConfig;
 use super::copy::copy_headers;
 use super::metrics::Metrics;
 use super::outgoing::{end_marker, Outgoing, Sender};
+use super::published_check::already_published;
 use super::scheduled::unpack;
 use super::source_reader::{ReadOutcome, SourceReader};
 use super::state::{Cause, Expiry};
@@ -166,6 +167,7 @@ impl Redeliverer {
         if self.stopping() {
             return;
         }
+        let published = self.take_already_published(&mut pending);
         let Some(refused) = self.send_copies(&mut pending) else {
             return;
         };
@@ -183,7 +185,19 @@ impl Redeliverer {
         // A parked delivery's lag is not measured: its first try was when it was due.
         let measure = job.taken_at_ms > 0;
         let lag_base = job.taken_at_ms as f64 / 1000.0;
-        let mut ends = Vec::with_capacity(done.len());
+        if done.iter().any(|(p, _)| p.action == Action::Publish) {
+            crate::failpoint::hit("after-publish-durable");
+        }
+        let mut ends = Vec::with_capacity(done.len() + published.len());
+        for p in &published {
+            self.metrics
+                .already_published(&p.expiry.source, home_topic(p));
+            ends.push(end_marker(
+                &self.config.markers_topic,
+                job.markers_partition,
+                &p.expiry.source,
+            ));
+        }
         for (p, _) in &done {
             if measure {
                 let now = lag_base + job.taken_at.elapsed().as_secs_f64();
@@ -234,6 +248,41 @@ impl Redeliverer {
             round = next;
         }
         Some(refused)
+    }
+
+    /// Removes from `pending` the schedules a previous owner of the partition already
+    /// published (see `published_check`). If the check fails they are published anyway: a
+    /// possible duplicate, logged, rather than a possible loss.
+    fn take_already_published(&self, pending: &mut Vec<Pending>) -> Vec<Pending> {
+        // Per target topic: the earliest due time and the ids to look for.
+        let mut targets: BTreeMap<String, (i64, HashSet<String>)> = BTreeMap::new();
+        for p in pending.iter() {
+            if p.action == Action::Publish && p.expiry.due_before_takeover && p.record.is_some() {
+                let entry = targets
+                    .entry(home_topic(p).to_string())
+                    .or_insert((i64::MAX, HashSet::new()));
+                entry.0 = entry.0.min(p.expiry.deadline_ms);
+                entry.1.insert(p.expiry.source.to_string());
+            }
+        }
+        let mut found = HashSet::new();
+        for (topic, (since, wanted)) in targets {
+            match already_published(&self.config, &topic, since, &wanted) {
+                Ok(ids) => found.extend(ids),
+                Err(why) => self
+                    .metrics
+                    .published_check_failed(&topic, wanted.len(), &why),
+            }
+        }
+        if found.is_empty() {
+            return Vec::new();
+        }
+        let (published, rest): (Vec<Pending>, Vec<Pending>) =
+            std::mem::take(pending).into_iter().partition(|p| {
+                p.action == Action::Publish && found.contains(&p.expiry.source.to_string())
+            });
+        *pending = rest;
+        published
     }
 
     /// Keeps a delivery whose copy nobody accepted in flight, to try again later.

@@ -38,7 +38,7 @@ pub enum ReadError {
 
 /// Keeps librdkafka's "end of partition" notices, which this reader asks for and handles
 /// itself, out of the error log.
-struct ReaderContext;
+pub(super) struct ReaderContext;
 
 impl rdkafka::ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -60,7 +60,9 @@ pub struct SourceReader {
     timeout: Duration,
 }
 
-fn reader_consumer(config: &TrackerConfig) -> Result<BaseConsumer<ReaderContext>, TrackerError> {
+pub(super) fn reader_consumer(
+    config: &TrackerConfig,
+) -> Result<BaseConsumer<ReaderContext>, TrackerError> {
     config
         .client_config(&[
             ("group.id", &format!("{}-reader", config.group_id)),

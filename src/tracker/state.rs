@@ -136,6 +136,9 @@ pub struct Expiry {
     pub cause: Cause,
     /// When it was due, in partition time (ms); used to measure how late the tracker acts.
     pub deadline_ms: i64,
+    /// It was due before this tracker caught up with its partition, so a previous owner may
+    /// already have acted on it before crashing. Set by the owner, not by this state.
+    pub due_before_takeover: bool,
 }
 
 /// What a marker did to the state. The tracker counts each outcome and logs the odd ones.
@@ -428,6 +431,7 @@ impl PartitionState {
                 attempt,
                 cause,
                 deadline_ms: deadline,
+                due_before_takeover: false,
             });
         }
         out

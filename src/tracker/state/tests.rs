@@ -25,7 +25,8 @@ fn start_without_end_expires_once_at_its_deadline() {
             source: src(5),
             attempt: 1,
             cause: Cause::Timeout,
-            deadline_ms: 1_500
+            deadline_ms: 1_500,
+            due_before_takeover: false,
         }]
     );
     assert!(
