@@ -8,6 +8,7 @@
 //!   handles to ack, nack, reject or keep alive, and writes their markers.
 //! - [`tracker`]: the RedeliveryTracker. A pure per-partition state ([`tracker::state`]) driven
 //!   by a markers consumer thread and a redelivery worker thread.
+//! - [`events`]: delivery events (scheduled, delivered, acked, retried, ...) to subscribe to.
 //! - [`failpoint`]: test-only crash points (feature `failpoints`).
 //! - [`headers`]: the `kr-*` headers on redelivered and dead-lettered copies.
 //! - `cli` (feature `cli`): the `redelivery-tracker` binary's commands, admin server and demo.
@@ -17,6 +18,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod client;
+pub mod events;
 pub mod failpoint;
 pub mod headers;
 mod kafka;

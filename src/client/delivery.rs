@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events::{Event, EventKind};
 use crate::headers::HeaderList;
 use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
 
@@ -238,7 +239,16 @@ impl Delivery {
 
     async fn settle(&mut self, marker: Marker, name: &'static str) -> Result<(), ClientError> {
         self.finish();
-        self.settler.write(&marker, name).await
+        self.settler.write(&marker, name).await?;
+        self.settler.events.emit(|| {
+            let (kind, detail) = match &marker {
+                Marker::Nack { delay_ms, .. } => (EventKind::Nacked, format!("{delay_ms}ms")),
+                Marker::Reject { reason, .. } => (EventKind::DeadLettered, reason.clone()),
+                _ => (EventKind::Acked, String::new()),
+            };
+            Event::new(kind, self.source.clone(), self.attempt).detail(detail)
+        });
+        Ok(())
     }
 
     /// Marks the delivery settled: stops keep-alives and frees its place under the bound.

@@ -151,6 +151,12 @@ impl RedeliveryConsumer {
             .flatten()
     }
 
+    /// Events of this consumer's deliveries from now on: delivered, acked, nacked,
+    /// dead-lettered (rejected). See [`crate::events`].
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<crate::events::Event> {
+        self.settler.events.subscribe()
+    }
+
     /// Deliveries handed out and not yet settled.
     pub fn unsettled(&self) -> usize {
         self.settler.unsettled()

@@ -23,6 +23,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
+use crate::events::{Event, EventKind};
 use crate::failpoint;
 use crate::headers::{self, HeaderList};
 use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
@@ -217,6 +218,9 @@ impl Poller {
     fn delivery(&self, p: Polled) -> Delivery {
         let source = source_of(&p.message);
         let original = headers::original(&p.headers);
+        self.settler
+            .events
+            .emit(|| Event::new(EventKind::Delivered, source.clone(), p.attempt));
         Delivery {
             timestamp_ms: p.message.timestamp().to_millis(),
             key: p.message.key().map(<[u8]>::to_vec),

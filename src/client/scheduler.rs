@@ -19,6 +19,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use crate::events::{Event, EventBus, EventKind};
 use crate::headers;
 use crate::marker::{encode, Marker, ScheduledRecord, SourceRef};
 
@@ -209,6 +210,7 @@ struct Inner {
     /// `None`: the markers topic keeps records forever.
     retention: Option<Duration>,
     next_partition: AtomicUsize,
+    events: EventBus,
 }
 
 /// How far before the markers topic's retention a schedule must fall due: a tenth of it, at
@@ -243,8 +245,14 @@ impl Scheduler {
                 partitions,
                 retention,
                 next_partition: AtomicUsize::new(0),
+                events: EventBus::default(),
             }),
         })
+    }
+
+    /// Events of this scheduler from now on: scheduled, cancelled. See [`crate::events`].
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<Event> {
+        self.inner.events.subscribe()
     }
 
     /// How far ahead a record may be scheduled (the markers topic's retention less a margin);
@@ -322,10 +330,16 @@ impl Scheduler {
             )
             .await;
         match sent {
-            Ok(delivery) => Ok(ScheduleId {
-                partition: delivery.partition,
-                offset: delivery.offset,
-            }),
+            Ok(delivery) => {
+                let id = ScheduleId {
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                };
+                inner.events.emit(|| {
+                    Event::new(EventKind::Scheduled, self.marker_ref(id), 0).detail(target)
+                });
+                Ok(id)
+            }
             Err((error, _)) => Err(ClientError::Marker {
                 marker: "schedule",
                 record: SourceRef::new(target, -1, -1),
@@ -381,7 +395,7 @@ impl Scheduler {
                 ..
             } if offset != ours => Ok(ended_before_us(timestamp_ms, due_ms)),
             Settled::EndedAt { timestamp_ms, .. } if timestamp_ms < due_ms => {
-                Ok(CancelOutcome::Cancelled)
+                Ok(self.cancelled(id))
             }
             // Ours landed at or after the due time: a tracker may have taken the schedule
             // just before reading it. If so, its End follows shortly.
@@ -391,7 +405,7 @@ impl Scheduler {
                 Ok(if later {
                     CancelOutcome::AlreadyDelivered
                 } else {
-                    CancelOutcome::Cancelled
+                    self.cancelled(id)
                 })
             }
             // Our End is durable, so the scan cannot miss it; this would be a broker bug.
@@ -402,9 +416,22 @@ impl Scheduler {
         }
     }
 
+    fn marker_ref(&self, id: ScheduleId) -> SourceRef {
+        SourceRef::new(&self.inner.config.markers_topic, id.partition, id.offset)
+    }
+
     async fn scan(&self, id: ScheduleId, until: Until) -> Result<Settled, ClientError> {
         let config = self.inner.config.clone();
         blocking(move || schedule_scan::find(&config, id, until)).await
+    }
+}
+
+impl Scheduler {
+    fn cancelled(&self, id: ScheduleId) -> CancelOutcome {
+        self.inner
+            .events
+            .emit(|| Event::new(EventKind::Cancelled, self.marker_ref(id), 0));
+        CancelOutcome::Cancelled
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
+use crate::events::EventBus;
 use crate::marker::{encode, markers_partition, Marker, SourceRef};
 
 use super::error::ClientError;
@@ -17,6 +18,8 @@ pub(crate) struct Settler {
     markers_topic: String,
     markers_partitions: i32,
     unsettled: AtomicUsize,
+    /// Where deliveries and settlements are announced.
+    pub(crate) events: EventBus,
 }
 
 impl Settler {
@@ -30,6 +33,7 @@ impl Settler {
             markers_topic,
             markers_partitions,
             unsettled: AtomicUsize::new(0),
+            events: EventBus::default(),
         }
     }
 

@@ -12,6 +12,7 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
+use crate::events::{Event, EventBus, EventKind};
 use crate::marker::{DecodeError, MarkerType, SourceRef};
 
 use super::action::DlqReason;
@@ -22,6 +23,8 @@ use super::state::Oddity;
 pub struct Metrics {
     /// The registry `/metrics` renders.
     pub registry: Registry,
+    /// Where the same events are announced to in-process subscribers.
+    pub events: EventBus,
     markers: IntCounterVec,
     marker_errors: IntCounterVec,
     odd_markers: IntCounterVec,
@@ -207,6 +210,7 @@ impl Metrics {
                 &["topic"],
             ),
             registry: r,
+            events: EventBus::default(),
             cancelled,
             already_published,
             ready,
@@ -253,6 +257,12 @@ impl Metrics {
         self.markers.with_label_values(&[kind.name()]).inc();
     }
 
+    /// A Schedule marker was read and is now tracked until it is due.
+    pub fn scheduled(&self, id: &SourceRef) {
+        self.events
+            .emit(|| Event::new(EventKind::Scheduled, id.clone(), 0));
+    }
+
     /// A markers record could not be decoded and was skipped.
     pub fn marker_error(&self, partition: i32, offset: i64, error: &DecodeError) {
         tracing::warn!(partition, offset, kind = error.kind(), %error, "skipping undecodable marker");
@@ -290,20 +300,35 @@ impl Metrics {
         self.redelivered
             .with_label_values(&[&source.topic, cause])
             .inc();
+        self.events
+            .emit(|| Event::new(EventKind::Retried, source.clone(), attempt).detail(cause));
     }
 
     /// A copy reached a dead-letter topic.
-    pub fn dead_lettered(&self, source: &SourceRef, dlq: &str, reason: DlqReason, detail: &str) {
+    pub fn dead_lettered(
+        &self,
+        source: &SourceRef,
+        attempt: u32,
+        dlq: &str,
+        reason: DlqReason,
+        detail: &str,
+    ) {
         tracing::info!(%source, dlq, reason = reason.name(), detail, "dead-lettered");
         self.dead_lettered
             .with_label_values(&[&source.topic, reason.name()])
             .inc();
+        self.events.emit(|| {
+            Event::new(EventKind::DeadLettered, source.clone(), attempt)
+                .detail(format!("{}: {detail}", reason.name()))
+        });
     }
 
     /// A due schedule's record reached its target topic.
     pub fn published(&self, id: &SourceRef, target: &str) {
         tracing::debug!(schedule = %id, target, "scheduled record published");
         self.published.with_label_values(&[target]).inc();
+        self.events
+            .emit(|| Event::new(EventKind::Ready, id.clone(), 0).detail(target));
     }
 
     /// A due schedule was found already published by the partition's previous owner.
@@ -323,9 +348,11 @@ impl Metrics {
     }
 
     /// A schedule was cancelled before it was due.
-    pub fn cancelled(&self, partition: i32, offset: i64) {
-        tracing::debug!(partition, offset, "schedule cancelled");
+    pub fn cancelled(&self, id: &SourceRef) {
+        tracing::debug!(schedule = %id, "schedule cancelled");
         self.cancelled.inc();
+        self.events
+            .emit(|| Event::new(EventKind::Cancelled, id.clone(), 0));
     }
 
     /// How late, in seconds, a copy was made durable after its deadline.

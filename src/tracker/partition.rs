@@ -114,7 +114,12 @@ impl OwnedPartition {
                 }
             }
             Applied::Odd(oddity) => metrics.odd_marker(self.id, offset, oddity, marker.source()),
-            Applied::Cancelled => metrics.cancelled(self.id, offset),
+            Applied::Cancelled => {
+                if let Some(id) = marker.source() {
+                    metrics.cancelled(id);
+                }
+            }
+            Applied::Scheduled => metrics.scheduled(&self.state.home_ref(offset)),
             _ => {}
         }
     }

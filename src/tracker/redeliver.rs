@@ -312,8 +312,13 @@ impl Redeliverer {
             Action::Publish => self.metrics.published(&p.expiry.source, home_topic(p)),
             Action::DeadLetter { reason, detail } => {
                 let dlq = self.config.dlq_topic_for(home_topic(p));
-                self.metrics
-                    .dead_lettered(&p.expiry.source, &dlq, *reason, detail);
+                self.metrics.dead_lettered(
+                    &p.expiry.source,
+                    p.expiry.attempt,
+                    &dlq,
+                    *reason,
+                    detail,
+                );
             }
         }
     }

@@ -59,6 +59,12 @@ impl Tracker {
         self.metrics.clone()
     }
 
+    /// Events from now on: schedules tracked, published (ready) and cancelled, copies
+    /// redelivered (retried), records dead-lettered. See [`crate::events`].
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<crate::events::Event> {
+        self.metrics.events.subscribe()
+    }
+
     /// True once every assigned markers partition has caught up (see `/readyz`).
     pub fn readiness(&self) -> Arc<AtomicBool> {
         self.ready.clone()

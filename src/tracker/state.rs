@@ -208,7 +208,8 @@ pub struct Summary {
     /// Deliveries in flight, including those being redelivered; pending schedules are counted
     /// in `scheduled` instead (a schedule handed to the redelivery worker counts here).
     pub in_flight: usize,
-    /// Age in ms of the oldest delivery in flight (0 when none), to within a second.
+    /// Age in ms of the oldest delivery in flight (0 when none), to within a second. Pending
+    /// schedules do not count: waiting is what they are for.
     pub oldest_age_ms: i64,
     /// The oldest delivery in flight: the one holding the commit back.
     pub oldest: Option<SourceRef>,
@@ -337,11 +338,16 @@ impl PartitionState {
         Applied::Started
     }
 
+    /// The coordinates of the marker at `offset` of this state's own markers partition: a
+    /// schedule's id.
+    pub fn home_ref(&self, offset: i64) -> SourceRef {
+        SourceRef::new(self.home.0.clone(), self.home.1, offset)
+    }
+
     /// Tracks the Schedule marker at `offset` until `due`. Its key is the marker's own place,
     /// so the commit offset stays behind it like behind a Start, and an End for it cancels it.
     fn schedule(&mut self, offset: i64, ts: i64, due: i64) -> Applied {
-        let id = SourceRef::new(self.home.0.clone(), self.home.1, offset);
-        let key = self.intern(&id);
+        let key = self.intern(&self.home_ref(offset));
         if self.find(&key).is_some() {
             // One marker offset is read once per assignment; nothing to do if it repeats.
             return Applied::Scheduled;
@@ -474,14 +480,16 @@ impl PartitionState {
     /// the current partition time.
     pub fn summary(&mut self, next_offset: i64, now_ms: i64) -> Summary {
         let mut oldest: Option<&Slot> = None;
+        let mut oldest_delivery: Option<i64> = None;
         let mut scheduled = 0;
         for slot in &self.slots {
+            let start = slot.meta.start_offset();
             match slot.meta.phase() {
                 Phase::Free => continue,
                 Phase::Scheduled => scheduled += 1,
-                _ => {}
+                _ => oldest_delivery = Some(oldest_delivery.map_or(start, |o| o.min(start))),
             }
-            if oldest.is_none_or(|o| slot.meta.start_offset() < o.meta.start_offset()) {
+            if oldest.is_none_or(|o| start < o.meta.start_offset()) {
                 oldest = Some(slot);
             }
         }
@@ -502,11 +510,19 @@ impl PartitionState {
         while self.time_index.get(1).is_some_and(|&(o, _)| o <= min_start) {
             self.time_index.pop_front();
         }
-        let oldest_ts = self.time_index.front().map_or(now_ms, |&(_, t)| t);
+        // The age is the oldest *delivery's*: a schedule for next week is not a stuck consumer.
+        let oldest_age_ms = oldest_delivery.map_or(0, |start| {
+            let after = self.time_index.partition_point(|&(o, _)| o <= start);
+            let ts = after
+                .checked_sub(1)
+                .and_then(|i| self.time_index.get(i))
+                .map_or(now_ms, |&(_, t)| t);
+            (now_ms - ts).max(0)
+        });
         Summary {
             commit_offset: min_start,
             in_flight: self.in_flight() - scheduled,
-            oldest_age_ms: (now_ms - oldest_ts).max(0),
+            oldest_age_ms,
             oldest: Some(oldest),
             scheduled,
         }

@@ -491,3 +491,18 @@ fn settling_markers_cannot_touch_a_pending_schedule() {
     assert!(s.expired(999, 10).is_empty(), "still due at its own time");
     assert_eq!(s.expired(1_000, 10).len(), 1);
 }
+
+#[test]
+fn a_pending_schedule_holds_the_commit_but_is_not_an_old_delivery() {
+    let mut s = PartitionState::at("m", 0);
+    s.on_marker(10, 0, &schedule(0, 7 * 24 * 3600 * 1000));
+    s.on_marker(11, 50_000, &start(1, 60_000, 1));
+    let summary = s.summary(12, 60_000);
+    assert_eq!(summary.commit_offset, 10);
+    assert_eq!(
+        summary.oldest_age_ms, 10_000,
+        "the delivery's age, not the schedule's"
+    );
+    s.on_marker(12, 61_000, &Marker::End { source: src(1) });
+    assert_eq!(s.summary(13, 61_000).oldest_age_ms, 0);
+}
