@@ -278,7 +278,7 @@ async fn inspect_shows_what_a_running_tracker_holds() {
     let table = tracker(&["inspect", "--admin", &admin], &[]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.starts_with("PARTITION"), "{text}");
-    assert!(text.contains("6 in flight, ready"), "{text}");
+    assert!(text.contains("6 in flight, 0 scheduled, ready"), "{text}");
     let unreachable = tracker(
         &["inspect", "--admin", &format!("127.0.0.1:{}", free_port())],
         &[],

@@ -112,12 +112,24 @@ pub struct KafkaArgs {
     /// Dead-letter topic name; `{topic}` stands for the source topic.
     #[arg(long, env = "REDELIVERY_DLQ_TOPIC", default_value = "{topic}.dlq")]
     pub dlq_topic: String,
+    /// Compacted topic holding partition snapshots [default: <markers topic>.snapshots].
+    #[arg(long, env = "REDELIVERY_SNAPSHOTS_TOPIC")]
+    pub snapshots_topic: Option<String>,
     /// librdkafka setting passed through as is (repeatable), e.g. `-X security.protocol=ssl`.
     /// In the environment, separate several with `;`.
     // Values from the environment are never shown by `--help`: they may hold passwords.
     #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = parse_key_value,
           env = "REDELIVERY_RDKAFKA", value_delimiter = ';', hide_env_values = true)]
     pub rdkafka: Vec<(String, String)>,
+}
+
+impl KafkaArgs {
+    /// The snapshots topic: the one given, or the markers topic's name plus `.snapshots`.
+    pub fn snapshots_topic(&self) -> String {
+        self.snapshots_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.snapshots", self.markers_topic))
+    }
 }
 
 /// `run` arguments.
@@ -143,6 +155,17 @@ pub struct RunArgs {
     /// How often to commit markers offsets.
     #[arg(long, env = "REDELIVERY_COMMIT_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub commit_interval: Duration,
+    /// Snapshot a markers partition when a restart would replay at least this many markers
+    /// (0: never; a restart then replays from the oldest item in flight).
+    #[arg(
+        long,
+        env = "REDELIVERY_SNAPSHOT_AFTER_MARKERS",
+        default_value_t = 100_000
+    )]
+    pub snapshot_after_markers: u64,
+    /// Least time between two snapshots of one markers partition.
+    #[arg(long, env = "REDELIVERY_SNAPSHOT_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub snapshot_interval: Duration,
     /// Refuse to start (instead of warning) when the markers topic has the wrong settings.
     #[arg(long, env = "REDELIVERY_STRICT_TOPIC_CHECK")]
     pub strict_topic_check: bool,

@@ -136,6 +136,9 @@ async fn run(args: RunArgs) -> ExitCode {
         max_deliveries: args.max_deliveries,
         dlq_topic: args.kafka.dlq_topic.clone(),
         commit_interval: args.commit_interval,
+        snapshots_topic: Some(args.kafka.snapshots_topic()),
+        snapshot_after_markers: args.snapshot_after_markers,
+        snapshot_min_interval: args.snapshot_interval,
         rdkafka: args.kafka.rdkafka.clone(),
         ..TrackerConfig::new(args.kafka.brokers.clone(), args.kafka.markers_topic.clone())
     };

@@ -109,7 +109,7 @@ fn options() -> AdminOptions {
     AdminOptions::new().request_timeout(Some(Duration::from_secs(30)))
 }
 
-/// Creates the markers topic and one dead-letter topic per source topic. Topics that already
+/// Creates the markers topic, its snapshots topic and one dead-letter topic per source topic. Topics that already
 /// exist are left as they are and reported.
 pub async fn create(args: &TopicsArgs) -> Result<Vec<String>, TopicsError> {
     let admin = admin(&args.kafka)?;
@@ -124,7 +124,14 @@ pub async fn create(args: &TopicsArgs) -> Result<Vec<String>, TopicsError> {
         .iter()
         .map(|t| args.kafka.dlq_topic.replace("{topic}", t))
         .collect();
-    let mut topics = vec![markers];
+    // Compacted: only the latest chunks per key matter (see `tracker::snapshot_store`). Short
+    // segments let compaction drop superseded snapshots within hours.
+    let snapshots_name = args.kafka.snapshots_topic();
+    let snapshots = NewTopic::new(&snapshots_name, args.partitions, replication())
+        .set("cleanup.policy", "compact")
+        .set("segment.ms", "3600000")
+        .set("max.message.bytes", "2097152");
+    let mut topics = vec![markers, snapshots];
     topics.extend(dlq_names.iter().map(|n| NewTopic::new(n, 1, replication())));
     let mut report = Vec::new();
     for result in admin.create_topics(&topics, &options()).await? {

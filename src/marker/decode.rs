@@ -130,13 +130,24 @@ fn invalid(field: &'static str, value: impl ToString) -> DecodeError {
     }
 }
 
-/// A cursor over the input that never indexes out of bounds.
-struct Reader<'a> {
+/// A cursor over the input that never indexes out of bounds. Also reads the tracker's
+/// snapshot format, which uses the same integer and string encodings.
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
+    /// A reader at the start of `bytes`.
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, pos: 0 }
+    }
+
+    /// Bytes not read yet.
+    pub(crate) fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
     fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], DecodeError> {
         let end = self
             .pos
@@ -154,31 +165,31 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self, field: &'static str) -> Result<u8, DecodeError> {
         Ok(self.array::<1>(field)?[0])
     }
 
-    fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
+    pub(crate) fn u16(&mut self, field: &'static str) -> Result<u16, DecodeError> {
         self.array(field).map(u16::from_be_bytes)
     }
 
-    fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
+    pub(crate) fn u32(&mut self, field: &'static str) -> Result<u32, DecodeError> {
         self.array(field).map(u32::from_be_bytes)
     }
 
-    fn i32(&mut self, field: &'static str) -> Result<i32, DecodeError> {
+    pub(crate) fn i32(&mut self, field: &'static str) -> Result<i32, DecodeError> {
         self.array(field).map(i32::from_be_bytes)
     }
 
-    fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self, field: &'static str) -> Result<u64, DecodeError> {
         self.array(field).map(u64::from_be_bytes)
     }
 
-    fn i64(&mut self, field: &'static str) -> Result<i64, DecodeError> {
+    pub(crate) fn i64(&mut self, field: &'static str) -> Result<i64, DecodeError> {
         self.array(field).map(i64::from_be_bytes)
     }
 
-    fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
+    pub(crate) fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
         let len = self.u16(field)? as usize;
         let raw = self.take(len, field)?;
         std::str::from_utf8(raw)

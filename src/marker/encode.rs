@@ -89,7 +89,7 @@ fn put_bytes(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     // `truncate` has already bounded the length, so the cast cannot lose bits.
     let len = s.len().min(u16::MAX as usize) as u16;
     out.extend_from_slice(&len.to_be_bytes());
@@ -97,7 +97,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
-fn truncate(s: &str, max: usize) -> &str {
+pub(crate) fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
     }

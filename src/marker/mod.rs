@@ -12,8 +12,10 @@ mod decode;
 mod encode;
 mod partition;
 
+pub(crate) use decode::Reader;
 pub use decode::{decode, DecodeError};
 pub use encode::encode;
+pub(crate) use encode::put_str;
 pub use partition::markers_partition;
 
 /// The only version this crate writes. A decoder that meets another version reports

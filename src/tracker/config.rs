@@ -19,6 +19,13 @@ pub struct TrackerConfig {
     pub commit_interval: Duration,
     /// Most due deliveries handed to the redelivery worker at once.
     pub expiry_batch: usize,
+    /// Compacted topic for partition snapshots (bounded replay); `None` turns snapshots off.
+    pub snapshots_topic: Option<String>,
+    /// Take a snapshot of a partition when a restart would replay at least this many markers
+    /// (the distance from the oldest item in flight to the newest marker).
+    pub snapshot_after_markers: u64,
+    /// Least time between two snapshots of one partition.
+    pub snapshot_min_interval: Duration,
     /// Extra librdkafka settings (`-X key=value`), applied to every client the tracker makes.
     pub rdkafka: Vec<(String, String)>,
 }
@@ -26,9 +33,13 @@ pub struct TrackerConfig {
 impl TrackerConfig {
     /// A configuration with the documented defaults.
     pub fn new(brokers: impl Into<String>, markers_topic: impl Into<String>) -> Self {
+        let markers_topic = markers_topic.into();
         TrackerConfig {
             brokers: brokers.into(),
-            markers_topic: markers_topic.into(),
+            snapshots_topic: Some(format!("{markers_topic}.snapshots")),
+            snapshot_after_markers: 100_000,
+            snapshot_min_interval: Duration::from_secs(60),
+            markers_topic,
             group_id: "redelivery-tracker".into(),
             max_deliveries: 5,
             dlq_topic: "{topic}.dlq".into(),
@@ -60,6 +71,9 @@ impl std::fmt::Debug for TrackerConfig {
             .field("dlq_topic", &self.dlq_topic)
             .field("commit_interval", &self.commit_interval)
             .field("expiry_batch", &self.expiry_batch)
+            .field("snapshots_topic", &self.snapshots_topic)
+            .field("snapshot_after_markers", &self.snapshot_after_markers)
+            .field("snapshot_min_interval", &self.snapshot_min_interval)
             .field("rdkafka", &crate::kafka::Redacted(&self.rdkafka))
             .finish()
     }

@@ -27,6 +27,7 @@ use super::inspect::{PartitionView, SharedView, TrackerView};
 use super::metrics::Metrics;
 use super::partition::OwnedPartition;
 use super::redeliver::Job;
+use super::snapshotting;
 
 /// Longest sleep in `poll`, so stop requests and Tick retries are noticed promptly.
 const MAX_WAIT: Duration = Duration::from_millis(200);
@@ -45,14 +46,71 @@ pub(crate) struct TrackerContext {
     owned: Mutex<Owned>,
     metrics: Metrics,
     markers_topic: String,
+    config: Arc<TrackerConfig>,
+    /// The snapshots topic, when snapshots are on (see `snapshotting`).
+    snapshots: Option<String>,
 }
 
 impl TrackerContext {
-    pub(crate) fn new(metrics: Metrics, markers_topic: String) -> Self {
+    pub(crate) fn new(
+        metrics: Metrics,
+        config: Arc<TrackerConfig>,
+        snapshots: Option<String>,
+    ) -> Self {
         TrackerContext {
             owned: Mutex::new(Owned::default()),
             metrics,
-            markers_topic,
+            markers_topic: config.markers_topic.clone(),
+            config,
+            snapshots,
+        }
+    }
+
+    /// Restores the partitions in `ids` from their snapshots, if they have one, and pauses
+    /// those that cannot be restored yet (see `snapshotting`).
+    fn restore(&self, consumer: &BaseConsumer<Self>, ids: &[i32]) {
+        let Some(topic) = &self.snapshots else { return };
+        if ids.is_empty() {
+            return;
+        }
+        let results = snapshotting::restore(consumer, &self.config, topic, ids);
+        let mut owned = self.lock();
+        let mut pause = TopicPartitionList::new();
+        let mut resume = TopicPartitionList::new();
+        for (id, result) in results {
+            let Some(p) = owned.partitions.get_mut(&id) else {
+                continue;
+            };
+            let was_paused = p.restore_at.is_some();
+            match result {
+                Ok(restored) => {
+                    if let snapshotting::Restored::State(pointer, state) = restored {
+                        p.restore(pointer, *state);
+                    }
+                    p.restore_at = None;
+                    if was_paused {
+                        resume.add_partition(&self.markers_topic, id);
+                    }
+                }
+                Err(why) => {
+                    self.metrics.restore_failed(id, &why);
+                    p.restore_at = Some(Instant::now() + snapshotting::RESTORE_RETRY);
+                    if !was_paused {
+                        pause.add_partition(&self.markers_topic, id);
+                    }
+                }
+            }
+        }
+        drop(owned);
+        if pause.count() > 0 {
+            if let Err(e) = consumer.pause(&pause) {
+                tracing::error!(error = %e, "could not pause partitions waiting for their snapshot");
+            }
+        }
+        if resume.count() > 0 {
+            if let Err(e) = consumer.resume(&resume) {
+                tracing::error!(error = %e, "could not resume restored partitions");
+            }
         }
     }
 
@@ -66,9 +124,9 @@ impl TrackerContext {
         let mut tpl = TopicPartitionList::new();
         for id in ids {
             if let Some(p) = owned.partitions.get_mut(id) {
-                if let Some(offset) = safe_offset(p) {
-                    let _ =
-                        tpl.add_partition_offset(&self.markers_topic, *id, Offset::Offset(offset));
+                let now = p.clock.now_ms(Instant::now()).unwrap_or(0);
+                if let Some((offset, metadata)) = p.commit_point(now) {
+                    add_commit(&mut tpl, &self.markers_topic, *id, offset, metadata);
                     p.committed = Some(offset);
                 }
             }
@@ -80,11 +138,20 @@ impl TrackerContext {
     }
 }
 
-/// What may be committed for a partition: the oldest Start in flight, or the position.
-fn safe_offset(p: &mut OwnedPartition) -> Option<i64> {
-    let next = p.next_offset?;
-    let now = p.clock.now_ms(Instant::now()).unwrap_or(0);
-    Some(p.state.summary(next, now).commit_offset)
+/// Adds one partition's commit, with the snapshot pointer as its metadata if there is one.
+fn add_commit(
+    tpl: &mut TopicPartitionList,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    metadata: Option<String>,
+) {
+    let mut e = tpl.add_partition(topic, partition);
+    // Only an offset that is not a real offset is refused; ours are.
+    let _ = e.set_offset(Offset::Offset(offset));
+    if let Some(m) = metadata {
+        e.set_metadata(m);
+    }
 }
 
 impl ClientContext for TrackerContext {
@@ -127,17 +194,22 @@ impl ConsumerContext for TrackerContext {
         }
     }
 
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             let mut owned = self.lock();
             owned.assigned_once = true;
+            let mut new = Vec::new();
             for e in tpl.elements() {
                 let id = e.partition();
                 owned.partitions.entry(id).or_insert_with(|| {
                     tracing::info!(partition = id, "partition assigned; replaying");
+                    new.push(id);
                     OwnedPartition::new(&self.markers_topic, id, random_nonce())
                 });
             }
+            drop(owned);
+            // Before the first poll hands out any of their markers.
+            self.restore(consumer, &new);
         }
     }
 }
@@ -183,6 +255,7 @@ impl MarkersLoop {
                     }
                 }
             }
+            self.retry_restores();
             self.send_ticks(&mut ticks);
             self.dispatch_due();
             if Instant::now() >= next_commit {
@@ -207,7 +280,31 @@ impl MarkersLoop {
         let Some(p) = owned.partitions.get_mut(&m.partition()) else {
             return;
         };
+        if p.restore_at.is_some() {
+            // Paused before its first poll, so this cannot happen; if librdkafka handed one
+            // out anyway, read it again once the snapshot is in.
+            let (id, offset) = (p.id, m.offset());
+            drop(owned);
+            tracing::warn!(
+                partition = id,
+                offset,
+                "marker read before the snapshot was restored; rewinding"
+            );
+            if let Err(e) = self.consumer.seek(
+                &self.config.markers_topic,
+                id,
+                Offset::Offset(offset),
+                Duration::from_secs(5),
+            ) {
+                tracing::error!(partition = id, error = %e, "rewind failed; stopping so the partition is replayed by the next owner");
+                self.stop.store(true, Ordering::Relaxed);
+            }
+            return;
+        }
         p.observe(m.offset(), m.timestamp().to_millis(), at);
+        if m.offset() < p.skip_below {
+            return; // already in the restored snapshot
+        }
         let Some(ts) = m.timestamp().to_millis() else {
             return self.metrics.marker_error(
                 m.partition(),
@@ -224,6 +321,23 @@ impl MarkersLoop {
                 Ok(marker) => p.apply(m.offset(), ts, &marker, &self.metrics),
                 Err(e) => self.metrics.marker_error(m.partition(), m.offset(), &e),
             },
+        }
+    }
+
+    /// Tries again to restore the partitions whose snapshot could not be read yet.
+    fn retry_restores(&self) {
+        let now = Instant::now();
+        let due: Vec<i32> = self
+            .consumer
+            .context()
+            .lock()
+            .partitions
+            .values()
+            .filter(|p| p.restore_at.is_some_and(|t| t <= now))
+            .map(|p| p.id)
+            .collect();
+        if !due.is_empty() {
+            self.consumer.context().restore(&self.consumer, &due);
         }
     }
 
@@ -305,6 +419,7 @@ impl MarkersLoop {
 
     fn commit_and_publish(&self) {
         let now = Instant::now();
+        let snapshots = self.consumer.context().snapshots.clone();
         let mut owned = self.consumer.context().lock();
         let mut tpl = TopicPartitionList::new();
         let mut all_ready = owned.assigned_once;
@@ -338,14 +453,23 @@ impl MarkersLoop {
                 redeliveries: p.redeliveries,
                 committed_offset: p.committed,
             });
-            let Some(s) = s else { continue };
-            if p.committed != Some(s.commit_offset) {
-                let _ = tpl.add_partition_offset(
-                    &self.config.markers_topic,
-                    p.id,
-                    Offset::Offset(s.commit_offset),
+            if let Some(topic) = &snapshots {
+                snapshotting::poll_in_flight(p, &self.metrics);
+                snapshotting::maybe_start(
+                    p,
+                    &self.config,
+                    topic,
+                    &self.producer,
+                    &self.metrics,
+                    now,
                 );
-                p.committed = Some(s.commit_offset);
+            }
+            let Some((offset, metadata)) = p.commit_point(now_ms) else {
+                continue;
+            };
+            if p.committed != Some(offset) {
+                add_commit(&mut tpl, &self.config.markers_topic, p.id, offset, metadata);
+                p.committed = Some(offset);
             }
         }
         if let Ok(mut view) = self.view.lock() {

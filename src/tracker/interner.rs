@@ -28,6 +28,11 @@ impl Interner {
         self.ids.get(name).copied()
     }
 
+    /// The name behind `id`, if this interner gave it out.
+    pub fn get_name(&self, id: u32) -> Option<&str> {
+        self.names.get(id as usize).map(|n| &**n)
+    }
+
     /// The name behind an id this interner gave out.
     pub fn name(&self, id: u32) -> &str {
         self.names.get(id as usize).map_or("", |n| n)

@@ -47,6 +47,8 @@ pub struct Metrics {
     published: IntCounterVec,
     cancelled: IntCounter,
     already_published: IntCounter,
+    snapshots: IntCounter,
+    snapshot_failures: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -104,6 +106,14 @@ impl Metrics {
         let already_published = single_counter(
             "redelivery_schedules_already_published_total",
             "Due schedules found already published by a previous owner after a takeover, and not published again",
+        );
+        let snapshots = single_counter(
+            "redelivery_snapshots_total",
+            "Partition snapshots written and made durable",
+        );
+        let snapshot_failures = single_counter(
+            "redelivery_snapshot_failures_total",
+            "Snapshots not written, or not restored on assignment (retried)",
         );
         let commits = single_counter(
             "redelivery_commits_total",
@@ -213,6 +223,8 @@ impl Metrics {
             events: EventBus::default(),
             cancelled,
             already_published,
+            snapshots,
+            snapshot_failures,
             ready,
             assigned,
             deadline_lag,
@@ -345,6 +357,28 @@ impl Metrics {
             why,
             "cannot tell whether the previous owner already published these schedules; publishing them (a duplicate is possible)"
         );
+    }
+
+    /// A snapshot could not be written; the partition keeps its older one (or none).
+    pub fn snapshot_failed(&self, partition: i32, why: &str) {
+        tracing::warn!(partition, why, "snapshot not written; will try again later");
+        self.snapshot_failures.inc();
+    }
+
+    /// A snapshot is durable; the next commit names it.
+    pub fn snapshot_written(&self, partition: i32, covers: i64, took: std::time::Duration) {
+        tracing::info!(partition, covers, took = ?took, "snapshot written");
+        self.snapshots.inc();
+    }
+
+    /// A partition could not be restored from its snapshot yet; it stays paused.
+    pub fn restore_failed(&self, partition: i32, why: &str) {
+        tracing::error!(
+            partition,
+            why,
+            "cannot restore the partition's snapshot; it stays paused and unready, retrying"
+        );
+        self.snapshot_failures.inc();
     }
 
     /// A schedule was cancelled before it was due.

@@ -25,6 +25,9 @@ mod published_check;
 mod redeliver;
 mod scheduled;
 pub mod service;
+pub mod snapshot;
+mod snapshot_store;
+mod snapshotting;
 mod source_reader;
 pub mod state;
 

@@ -12,6 +12,7 @@ use crate::marker::Marker;
 
 use super::clock::PartitionClock;
 use super::metrics::Metrics;
+use super::snapshot_store::{InFlight, Pointer};
 use super::state::{Applied, Expiry, PartitionState};
 
 /// How long to wait for a Tick to come back before writing another one.
@@ -51,6 +52,16 @@ pub struct OwnedPartition {
     /// Broker time of the Tick that ended catch-up. Anything due before it may have been
     /// acted on by the previous owner.
     pub ready_at_ms: Option<i64>,
+    /// The latest durable snapshot of this partition, named in every commit.
+    pub snapshot: Option<Pointer>,
+    /// A snapshot being written.
+    pub snapshot_in_flight: Option<InFlight>,
+    /// When the last snapshot was begun.
+    pub last_snapshot_at: Option<Instant>,
+    /// Markers before this offset are already in the restored snapshot and are skipped.
+    pub skip_below: i64,
+    /// The partition is paused until its snapshot is restored; next try at this instant.
+    pub restore_at: Option<Instant>,
 }
 
 impl OwnedPartition {
@@ -68,7 +79,39 @@ impl OwnedPartition {
             committed: None,
             redeliveries: 0,
             ready_at_ms: None,
+            snapshot: None,
+            snapshot_in_flight: None,
+            last_snapshot_at: None,
+            skip_below: 0,
+            restore_at: None,
         }
+    }
+
+    /// Installs the state of a restored snapshot; markers before `pointer.covers` are skipped.
+    pub fn restore(&mut self, pointer: Pointer, state: PartitionState) {
+        tracing::info!(
+            partition = self.id,
+            epoch = pointer.epoch,
+            covers = pointer.covers,
+            in_flight = state.in_flight(),
+            "restored from a snapshot"
+        );
+        self.state = state;
+        self.snapshot = Some(pointer);
+        self.skip_below = pointer.covers;
+        self.restore_at = None;
+    }
+
+    /// What may be committed at partition time `now_ms`, with the commit metadata: the oldest
+    /// Start in flight, or the position when nothing is; never behind the snapshot the
+    /// metadata names, which holds everything before the offset it covers.
+    pub fn commit_point(&mut self, now_ms: i64) -> Option<(i64, Option<String>)> {
+        let next = self.next_offset?;
+        let oldest = self.state.summary(next, now_ms).commit_offset;
+        Some(match self.snapshot {
+            Some(s) => (oldest.max(s.covers), Some(s.to_metadata())),
+            None => (oldest, None),
+        })
     }
 
     /// Whether replay is over.

@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::FutureProducer;
+use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::oneshot;
 
 use super::config::TrackerConfig;
@@ -85,6 +85,17 @@ impl Tracker {
         }
         // Debug output of the config hides secret librdkafka values (passwords, keys).
         tracing::debug!(config = ?self.config, "tracker starting");
+        let producer: FutureProducer = self
+            .config
+            .client_config(&crate::kafka::DURABLE_PRODUCER)
+            .create()
+            .map_err(TrackerError::kafka("creating the producer"))?;
+        let snapshots = {
+            let (producer, config) = (producer.clone(), self.config.clone());
+            tokio::task::spawn_blocking(move || snapshots_topic(&producer, &config))
+                .await
+                .map_err(|e| TrackerError::Thread(e.to_string()))?
+        };
         let consumer: BaseConsumer<TrackerContext> = self
             .config
             .client_config(&[
@@ -97,17 +108,13 @@ impl Tracker {
             ])
             .create_with_context(TrackerContext::new(
                 self.metrics.clone(),
-                self.config.markers_topic.clone(),
+                self.config.clone(),
+                snapshots,
             ))
             .map_err(TrackerError::kafka("creating the markers consumer"))?;
         consumer
             .subscribe(&[&self.config.markers_topic])
             .map_err(TrackerError::kafka("subscribing to the markers topic"))?;
-        let producer: FutureProducer = self
-            .config
-            .client_config(&crate::kafka::DURABLE_PRODUCER)
-            .create()
-            .map_err(TrackerError::kafka("creating the producer"))?;
 
         let stop_consumer = Arc::new(AtomicBool::new(false));
         let stop_worker = Arc::new(AtomicBool::new(false));
@@ -168,6 +175,38 @@ impl Tracker {
         }
         tracing::info!("tracker stopped");
         Ok(())
+    }
+}
+
+/// The snapshots topic if snapshots are on and the topic can take them: it exists and has a
+/// partition for every markers partition. Otherwise snapshots are off, with a warning: the
+/// tracker works as before, and a restart replays from the oldest item in flight.
+fn snapshots_topic(producer: &FutureProducer, config: &TrackerConfig) -> Option<String> {
+    let topic = config.snapshots_topic.clone()?;
+    if config.snapshot_after_markers == 0 {
+        return None;
+    }
+    let partitions = |name: &str| -> Option<usize> {
+        let md = producer
+            .client()
+            .fetch_metadata(Some(name), Duration::from_secs(10))
+            .ok()?;
+        let t = md.topics().iter().find(|t| t.name() == name)?;
+        (t.error().is_none() && !t.partitions().is_empty()).then_some(t.partitions().len())
+    };
+    match (partitions(&topic), partitions(&config.markers_topic)) {
+        (Some(have), Some(need)) if have >= need => Some(topic),
+        (have, need) => {
+            tracing::warn!(
+                snapshots_topic = %topic,
+                partitions = ?have,
+                markers_partitions = ?need,
+                "snapshots off: the snapshots topic is missing or has fewer partitions than the \
+                 markers topic (`redelivery-tracker topics create` makes it); a restart replays \
+                 from the oldest item in flight"
+            );
+            None
+        }
     }
 }
 

@@ -602,5 +602,8 @@ impl PartitionState {
     }
 }
 
+mod export;
+pub use export::{EntryKind, Exported, ExportedEntry};
+
 #[cfg(test)]
 mod tests;

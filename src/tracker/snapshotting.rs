@@ -1,0 +1,185 @@
+//! How the markers consumer uses snapshots: restore a partition's state when it is assigned,
+//! take a snapshot when a restart would replay too much, and commit its pointer once durable.
+//!
+//! The invariant changes from "the committed offset never passes the oldest Start in flight"
+//! to "... unless a durable snapshot covering everything before the committed offset is named
+//! in the commit's metadata". Restoring therefore needs the committed metadata: a partition
+//! whose lookup or snapshot read fails stays paused and unready, and is retried, because
+//! replaying from the committed offset without its snapshot would forget what it holds.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::config::TrackerConfig;
+use super::metrics::Metrics;
+use super::partition::OwnedPartition;
+use super::snapshot_store::{self, Pointer};
+use super::state::PartitionState;
+
+/// Wait between tries to restore a partition.
+pub const RESTORE_RETRY: Duration = Duration::from_secs(5);
+/// A snapshot whose chunks are not all durable after this long is given up (and retried).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a newly assigned partition starts from.
+pub enum Restored {
+    /// No snapshot applies: replay from the committed offset, as without snapshots.
+    Nothing,
+    /// The state from this snapshot; replay from the offset it covers.
+    State(Pointer, Box<PartitionState>),
+}
+
+/// Looks up the committed pointer of each partition in `ids` and loads its snapshot.
+/// An error for a partition means it cannot be started safely yet.
+pub fn restore<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    config: &TrackerConfig,
+    snapshots_topic: &str,
+    ids: &[i32],
+) -> BTreeMap<i32, Result<Restored, String>> {
+    let mut tpl = TopicPartitionList::new();
+    for id in ids {
+        tpl.add_partition(&config.markers_topic, *id);
+    }
+    let committed = match consumer.committed_offsets(tpl, Duration::from_secs(10)) {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!("looking up committed offsets: {e}");
+            return ids.iter().map(|id| (*id, Err(why.clone()))).collect();
+        }
+    };
+    committed
+        .elements()
+        .iter()
+        .map(|e| {
+            let id = e.partition();
+            let pointer = Pointer::parse(e.metadata());
+            let result = match (pointer, e.offset()) {
+                // The commit that named this snapshot set the offset to what it covers; a
+                // later commit past it relies on the snapshot no more.
+                (Some(p), Offset::Offset(c)) if c <= p.covers => {
+                    snapshot_store::read(config, snapshots_topic, id, p).map(|(_, data)| {
+                        let (state, skipped) =
+                            PartitionState::import(&config.markers_topic, id, data);
+                        if skipped > 0 {
+                            tracing::warn!(
+                                partition = id,
+                                skipped,
+                                "snapshot entries with an unknown topic skipped"
+                            );
+                        }
+                        Restored::State(p, Box::new(state))
+                    })
+                }
+                _ => Ok(Restored::Nothing),
+            };
+            (id, result)
+        })
+        .collect()
+}
+
+/// Begins a snapshot of `p` if a restart would replay at least `snapshot_after_markers`
+/// markers and the last one is old enough. Only a ready partition with no snapshot being
+/// written is snapshotted.
+pub fn maybe_start(
+    p: &mut OwnedPartition,
+    config: &TrackerConfig,
+    snapshots_topic: &str,
+    producer: &FutureProducer,
+    metrics: &Metrics,
+    now: Instant,
+) {
+    if config.snapshot_after_markers == 0
+        || !p.is_ready()
+        || p.snapshot_in_flight.is_some()
+        || p.last_snapshot_at
+            .is_some_and(|t| now.duration_since(t) < config.snapshot_min_interval)
+    {
+        return;
+    }
+    let Some(next) = p.next_offset else { return };
+    let now_ms = p.clock.now_ms(now).unwrap_or(0);
+    let commit = p.commit_point(now_ms).map_or(next, |(offset, _)| offset);
+    let replay = u64::try_from(next - commit).unwrap_or(0);
+    if replay < config.snapshot_after_markers {
+        return;
+    }
+    let epoch = p.snapshot.map_or(1, |s| s.epoch + 1);
+    let data = p.state.export();
+    match snapshot_store::write(producer, snapshots_topic, p.id, epoch, next, &data) {
+        Ok(in_flight) => {
+            tracing::info!(
+                partition = p.id,
+                epoch,
+                covers = next,
+                entries = data.entries.len(),
+                replay_before = replay,
+                "writing a snapshot"
+            );
+            p.snapshot_in_flight = Some(in_flight);
+        }
+        Err(e) => metrics.snapshot_failed(p.id, &e.to_string()),
+    }
+    p.last_snapshot_at = Some(now);
+}
+
+/// Checks the snapshot being written for `p`: once every chunk is durable, it becomes the
+/// partition's pointer and the next commit names it.
+pub fn poll_in_flight(p: &mut OwnedPartition, metrics: &Metrics) {
+    let Some(in_flight) = p.snapshot_in_flight.as_mut() else {
+        return;
+    };
+    let mut failed = None;
+    in_flight
+        .chunks
+        .retain_mut(|chunk| match chunk.now_or_never() {
+            None => true,
+            Some(Ok(Ok(delivery))) => {
+                in_flight.offsets.push(delivery.offset);
+                false
+            }
+            Some(Ok(Err((e, _)))) => {
+                failed = Some(e.to_string());
+                false
+            }
+            Some(Err(_)) => {
+                failed = Some("the producer was dropped".to_string());
+                false
+            }
+        });
+    if failed.is_none()
+        && !in_flight.chunks.is_empty()
+        && in_flight.started.elapsed() > WRITE_TIMEOUT
+    {
+        failed = Some("chunks not durable in time".to_string());
+    }
+    if let Some(why) = failed {
+        metrics.snapshot_failed(p.id, &why);
+        p.snapshot_in_flight = None;
+        return;
+    }
+    if !in_flight.chunks.is_empty() {
+        return;
+    }
+    let (Some(&first), Some(&last)) = (
+        in_flight.offsets.iter().min(),
+        in_flight.offsets.iter().max(),
+    ) else {
+        p.snapshot_in_flight = None;
+        return;
+    };
+    let pointer = Pointer {
+        epoch: in_flight.epoch,
+        first,
+        last,
+        covers: in_flight.covers,
+    };
+    metrics.snapshot_written(p.id, pointer.covers, in_flight.started.elapsed());
+    p.snapshot = Some(pointer);
+    p.snapshot_in_flight = None;
+}

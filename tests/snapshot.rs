@@ -1,0 +1,135 @@
+//! Bounded replay: a restarted tracker starts from its last snapshot, not from the oldest item
+//! still pending, on the real broker.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kafka_redelivery::client::{ScheduledRecord, Scheduler, SchedulerConfig};
+use kafka_redelivery::tracker::inspect::TrackerView;
+use rdkafka::message::Message;
+
+fn tracker(t: &Topics, group: &str) -> (ChildGuard, String) {
+    let (mut c, admin) = Cluster::shared().tracker_command(t, group, 5);
+    let child = c
+        .args([
+            "--snapshot-after-markers",
+            "100",
+            "--snapshot-interval",
+            "1s",
+        ])
+        .args(["-X", "session.timeout.ms=6000"])
+        .stderr(Stdio::from(log_file(group)))
+        .spawn()
+        .unwrap();
+    (ChildGuard(child), admin)
+}
+
+fn metrics(admin: &str) -> String {
+    http_get(admin, "/metrics").unwrap().1
+}
+
+fn view(admin: &str) -> TrackerView {
+    serde_json::from_str(&http_get(admin, "/inspect").unwrap().1).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
+    let t = topics(1, 1).await;
+    create_topic(
+        &format!("{}.snapshots", t.markers),
+        1,
+        &[("cleanup.policy", "compact")],
+    )
+    .await;
+    let group = unique("tracker");
+    let (mut first, admin) = tracker(&t, &group);
+    wait_ready_http(&admin).await;
+
+    // A long-pending item at the very start of the markers log...
+    let s = Scheduler::new(SchedulerConfig::new(brokers(), &t.markers))
+        .await
+        .unwrap();
+    let due_in = Duration::from_secs(45);
+    let scheduled_at = Instant::now();
+    let id = s
+        .send_after(
+            ScheduledRecord::to(&t.source).key("long").payload("later"),
+            due_in,
+        )
+        .await
+        .unwrap();
+    // ... then 300 deliveries acked: 600 markers after it.
+    produce_many(&t.source, 1, "r", 300).await;
+    let mut c = consumer(&t, Duration::from_secs(30));
+    for _ in 0..300 {
+        c.recv_timeout(Duration::from_secs(30))
+            .await
+            .expect("delivery")
+            .ack()
+            .await
+            .unwrap();
+    }
+    c.close().await;
+
+    // Wait until a snapshot covering them is committed past the pending schedule.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let committed = view(&admin).partitions[0].committed_offset.unwrap_or(0);
+        if metric_sum(&metrics(&admin), "redelivery_snapshots_total") >= 1.0
+            && committed > id.offset + 600
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot committed; committed offset {committed}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+
+    let (_second, admin) = tracker(&t, &group);
+    wait_ready_http(&admin).await;
+    let body = metrics(&admin);
+    let replayed = |kind: &str| {
+        metric_value(
+            &body,
+            &format!("redelivery_markers_total{{type=\"{kind}\"}}"),
+        )
+    };
+    assert_eq!(
+        replayed("schedule"),
+        0.0,
+        "the schedule was replayed, not restored"
+    );
+    assert!(
+        replayed("start") < 300.0 && replayed("end") < 300.0,
+        "replayed {} starts and {} ends of 300",
+        replayed("start"),
+        replayed("end")
+    );
+    let v = view(&admin);
+    assert_eq!(
+        v.partitions[0].scheduled, 1,
+        "the restored state holds the schedule"
+    );
+    assert_eq!(v.partitions[0].in_flight, 0);
+
+    // And it still falls due, once.
+    tokio::time::sleep(due_in.saturating_sub(scheduled_at.elapsed()) + Duration::from_secs(3))
+        .await;
+    let arrived = read(&t.source, usize::MAX, Duration::from_secs(10));
+    let long = arrived
+        .iter()
+        .filter(|m| m.key() == Some(&b"long"[..]))
+        .count();
+    assert_eq!(
+        long, 1,
+        "the restored schedule was not delivered exactly once"
+    );
+}
