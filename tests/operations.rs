@@ -147,6 +147,19 @@ async fn prometheus_runs_every_dashboard_and_alert_query_against_a_working_track
             }
         }
     });
+    // A schedule, for the schedules panel (acked by the worker: 100 % 4 == 0).
+    let scheduler = kafka_redelivery::client::Scheduler::new(
+        kafka_redelivery::client::SchedulerConfig::new(brokers(), &t.markers),
+    )
+    .await
+    .unwrap();
+    scheduler
+        .send_after(
+            kafka_redelivery::client::ScheduledRecord::to(&t.source).key("op-100"),
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
     producer()
         .send(
             rdkafka::producer::FutureRecord::<(), [u8]>::to(&t.markers)
