@@ -50,6 +50,20 @@ pub struct Job {
     pub taken_at: Instant,
 }
 
+/// Where a due delivery came from: its markers partition (where its End goes) and when the
+/// consumer took it (to measure deadline-to-redelivery lag; 0 for a retried parked one).
+#[derive(Debug, Clone, Copy)]
+struct Origin {
+    markers_partition: i32,
+    taken_at_ms: i64,
+    taken_at: Instant,
+}
+
+/// Most due deliveries handled in one pass. Jobs queued while the worker was busy are merged
+/// up to this, so that one read, one round of produces and one round of Ends serve them all:
+/// under load the batches grow and the per-delivery cost falls.
+const MAX_BATCH: usize = 5_000;
+
 /// One due delivery with its decision and, once read, its copy.
 struct Pending {
     expiry: Expiry,
@@ -119,8 +133,20 @@ impl Redeliverer {
             }
             match next {
                 Ok(job) => {
-                    self.handle(job);
-                    queued.fetch_sub(1, Ordering::Relaxed);
+                    let mut size = job.expiries.len();
+                    let mut batch = vec![job];
+                    while size < MAX_BATCH {
+                        match jobs.try_recv() {
+                            Ok(more) => {
+                                size += more.expiries.len();
+                                batch.push(more);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let n = batch.len();
+                    self.handle(batch);
+                    queued.fetch_sub(n, Ordering::Relaxed);
                 }
                 Err(RecvTimeoutError::Timeout) => self.retry_parked(),
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -139,14 +165,16 @@ impl Redeliverer {
         for p in due {
             jobs.entry(p.markers_partition).or_default().push(p.expiry);
         }
-        for (markers_partition, expiries) in jobs {
-            self.handle(Job {
+        let jobs = jobs
+            .into_iter()
+            .map(|(markers_partition, expiries)| Job {
                 markers_partition,
                 expiries,
                 taken_at_ms: 0,
                 taken_at: now,
-            });
-        }
+            })
+            .collect();
+        self.handle(jobs);
         self.metrics.parked(self.parked.len());
     }
 
@@ -162,8 +190,22 @@ impl Redeliverer {
         self.stop.load(Ordering::Relaxed)
     }
 
-    fn handle(&mut self, job: Job) {
-        let mut pending = self.read_sources(job.expiries);
+    fn handle(&mut self, jobs: Vec<Job>) {
+        let mut origins: HashMap<SourceRef, Origin> = HashMap::new();
+        let mut expiries = Vec::new();
+        for job in jobs {
+            let origin = Origin {
+                markers_partition: job.markers_partition,
+                taken_at_ms: job.taken_at_ms,
+                taken_at: job.taken_at,
+            };
+            for e in job.expiries {
+                origins.insert(e.source.clone(), origin);
+                expiries.push(e);
+            }
+        }
+        let origin_of = |e: &Expiry| origins.get(&e.source).copied();
+        let mut pending = self.read_sources(expiries);
         if self.stopping() {
             return;
         }
@@ -179,12 +221,11 @@ impl Redeliverer {
             .filter(|(p, _)| p.copy.is_some())
             .partition(|(_, r)| r.is_none());
         for (p, why) in refused {
-            self.park(p.expiry, job.markers_partition, why.unwrap_or_default());
+            if let Some(o) = origin_of(&p.expiry) {
+                self.park(p.expiry, o.markers_partition, why.unwrap_or_default());
+            }
         }
         self.metrics.parked(self.parked.len());
-        // A parked delivery's lag is not measured: its first try was when it was due.
-        let measure = job.taken_at_ms > 0;
-        let lag_base = job.taken_at_ms as f64 / 1000.0;
         if done.iter().any(|(p, _)| p.action == Action::Publish) {
             crate::failpoint::hit("after-publish-durable");
         }
@@ -192,25 +233,25 @@ impl Redeliverer {
         for p in &published {
             self.metrics
                 .already_published(&p.expiry.source, home_topic(p));
-            ends.push(end_marker(
-                &self.config.markers_topic,
-                job.markers_partition,
-                &p.expiry.source,
-            ));
         }
         for (p, _) in &done {
-            if measure {
-                let now = lag_base + job.taken_at.elapsed().as_secs_f64();
+            // A parked delivery's lag is not measured: its first try was when it was due.
+            if let Some(o) = origin_of(&p.expiry).filter(|o| o.taken_at_ms > 0) {
+                let now = o.taken_at_ms as f64 / 1000.0 + o.taken_at.elapsed().as_secs_f64();
                 self.metrics
                     .deadline_lag(now - p.expiry.deadline_ms as f64 / 1000.0);
             }
             self.refusals.remove(&p.expiry.source);
             self.count(p);
-            ends.push(end_marker(
-                &self.config.markers_topic,
-                job.markers_partition,
-                &p.expiry.source,
-            ));
+        }
+        for p in published.iter().chain(done.iter().map(|(p, _)| p)) {
+            if let Some(o) = origin_of(&p.expiry) {
+                ends.push(end_marker(
+                    &self.config.markers_topic,
+                    o.markers_partition,
+                    &p.expiry.source,
+                ));
+            }
         }
         self.sender().send_all(&ends);
     }

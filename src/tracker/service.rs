@@ -85,9 +85,13 @@ impl Tracker {
         }
         // Debug output of the config hides secret librdkafka values (passwords, keys).
         tracing::debug!(config = ?self.config, "tracker starting");
+        // The redelivery worker sends each pass's records together and waits for them, so
+        // lingering would only add to every pass; batching comes from the pass itself.
+        let mut settings = crate::kafka::DURABLE_PRODUCER.to_vec();
+        settings.push(("linger.ms", "0"));
         let producer: FutureProducer = self
             .config
-            .client_config(&crate::kafka::DURABLE_PRODUCER)
+            .client_config(&settings)
             .create()
             .map_err(TrackerError::kafka("creating the producer"))?;
         let snapshots = {

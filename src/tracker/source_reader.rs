@@ -71,7 +71,8 @@ pub(super) fn reader_consumer(
             ("enable.partition.eof", "true"),
             // Never jump elsewhere when the offset is gone: report it.
             ("auto.offset.reset", "error"),
-            ("fetch.wait.max.ms", "10"),
+            // Reads are one-off: never let the broker hold a fetch open waiting for more.
+            ("fetch.wait.max.ms", "1"),
             ("isolation.level", "read_committed"),
         ])
         .create_with_context(ReaderContext)
@@ -105,6 +106,21 @@ impl SourceReader {
     /// Reads `offsets` (ascending) of one source partition. Returns one outcome per offset
     /// read before the first error, in order; on error, the offsets after those are unread.
     pub fn read_many(
+        &self,
+        topic: &str,
+        partition: i32,
+        offsets: &[i64],
+    ) -> (Vec<(i64, ReadOutcome)>, Option<ReadError>) {
+        let result = self.read_assigned(topic, partition, offsets);
+        // Stop fetching: an idle assigned reader would ask the broker for more every
+        // `fetch.wait.max.ms`, and the next read would wait for that fetch to come back.
+        if let Err(e) = self.consumer.unassign() {
+            tracing::debug!(error = %e, "source reader unassign failed");
+        }
+        result
+    }
+
+    fn read_assigned(
         &self,
         topic: &str,
         partition: i32,
