@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use kafka_redelivery::marker::{Marker, SourceRef};
+use kafka_redelivery::marker::{Marker, ScheduledRecord, SourceRef};
 use kafka_redelivery::tracker::state::PartitionState;
 
 const TOPICS: [&str; 4] = ["orders", "payments", "shipments", "invoices"];
@@ -110,7 +110,49 @@ fn memory_per_delivery() {
     drop(black_box(s));
 }
 
+/// A state holding `n` pending schedules due over one week, as Schedule markers make them.
+fn scheduled(n: i64) -> PartitionState {
+    let mut s = PartitionState::at("orders.markers", 0);
+    let week = 7 * 24 * 3600 * 1000;
+    for i in 0..n {
+        let m = Marker::Schedule {
+            not_before_ms: 0,
+            delay_ms: ((i * week) / n.max(1)) as u64,
+            record: Box::new(ScheduledRecord::to("orders").key(format!("k-{i}"))),
+        };
+        s.on_marker(i, 0, &m);
+    }
+    s
+}
+
+fn memory_per_schedule() {
+    let n = 1_000_000;
+    let before = rss_bytes();
+    let mut s = scheduled(n);
+    let after = rss_bytes();
+    if let (Some(b), Some(a)) = (before, after) {
+        println!(
+            "memory: {} schedules pending, resident set grew by {:.1} MiB = {:.1} bytes per pending schedule",
+            s.summary(n, 0).scheduled,
+            (a.saturating_sub(b)) as f64 / (1024.0 * 1024.0),
+            (a.saturating_sub(b)) as f64 / n as f64
+        );
+    }
+    drop(black_box(s));
+}
+
 fn main() {
+    // Each memory figure needs a fresh process: memory freed by the first would be reused by
+    // the second without growing the resident set.
+    if std::env::var_os("KR_BENCH_SCHEDULES").is_some() {
+        memory_per_schedule();
+        return;
+    }
+    if let Ok(me) = std::env::current_exe() {
+        let _ = std::process::Command::new(me)
+            .env("KR_BENCH_SCHEDULES", "1")
+            .status();
+    }
     memory_per_delivery();
     let mut c = Criterion::default()
         .measurement_time(Duration::from_secs(5))
