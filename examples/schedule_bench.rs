@@ -107,6 +107,19 @@ async fn create(
     Ok(())
 }
 
+/// A new topic named `{prefix}-{random}` whose timestamps are the broker's append times.
+async fn append_time_topic(brokers: &str, prefix: &str, partitions: i32) -> Result<String, Error> {
+    let name = unique(prefix);
+    create(
+        brokers,
+        &name,
+        partitions,
+        &[("message.timestamp.type", "LogAppendTime")],
+    )
+    .await?;
+    Ok(name)
+}
+
 fn tracker_config(brokers: &str, markers: &str) -> TrackerConfig {
     TrackerConfig {
         group_id: unique("bench-tracker"),
@@ -158,23 +171,9 @@ fn percentile(sorted: &[i64], p: f64) -> i64 {
 }
 
 async fn precision(brokers: &str, n: usize, span: Duration, partitions: i32) -> Result<(), Error> {
-    let markers = unique("bench.markers");
-    let target = unique("bench.target");
-    create(
-        brokers,
-        &markers,
-        partitions,
-        &[("message.timestamp.type", "LogAppendTime")],
-    )
-    .await?;
+    let markers = append_time_topic(brokers, "bench.markers", partitions).await?;
     // The target's timestamps are its append times: lateness is measured where it lands.
-    create(
-        brokers,
-        &target,
-        partitions,
-        &[("message.timestamp.type", "LogAppendTime")],
-    )
-    .await?;
+    let target = append_time_topic(brokers, "bench.target", partitions).await?;
     let (stop, task, _, metrics) = start_tracker(tracker_config(brokers, &markers)).await?;
     let scheduler = Scheduler::new(SchedulerConfig::new(brokers, &markers)).await?;
 
@@ -255,15 +254,8 @@ async fn precision(brokers: &str, n: usize, span: Duration, partitions: i32) -> 
 }
 
 async fn restart(brokers: &str, pending: usize, partitions: i32) -> Result<(), Error> {
-    let markers = unique("bench.markers");
+    let markers = append_time_topic(brokers, "bench.markers", partitions).await?;
     let snapshots = format!("{markers}.snapshots");
-    create(
-        brokers,
-        &markers,
-        partitions,
-        &[("message.timestamp.type", "LogAppendTime")],
-    )
-    .await?;
     create(
         brokers,
         &snapshots,

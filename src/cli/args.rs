@@ -112,7 +112,7 @@ pub struct KafkaArgs {
     /// Dead-letter topic name; `{topic}` stands for the source topic.
     #[arg(long, env = "REDELIVERY_DLQ_TOPIC", default_value = "{topic}.dlq")]
     pub dlq_topic: String,
-    /// Compacted topic holding partition snapshots [default: <markers topic>.snapshots].
+    /// Compacted topic holding partition snapshots [default: MARKERS_TOPIC.snapshots].
     #[arg(long, env = "REDELIVERY_SNAPSHOTS_TOPIC")]
     pub snapshots_topic: Option<String>,
     /// librdkafka setting passed through as is (repeatable), e.g. `-X security.protocol=ssl`.
