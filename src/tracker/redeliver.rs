@@ -173,8 +173,10 @@ impl Redeliverer {
                 taken_at_ms: 0,
                 taken_at: now,
             })
-            .collect();
-        self.handle(jobs);
+            .collect::<Vec<_>>();
+        if !jobs.is_empty() {
+            self.handle(jobs);
+        }
         self.metrics.parked(self.parked.len());
     }
 

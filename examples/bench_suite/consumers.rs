@@ -1,0 +1,255 @@
+//! The three consumers compared: a plain one (the ceiling), the design floor (a plain one that
+//! also writes two small durable records per message), and ours (the client library).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures::future::join_all;
+use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+
+use super::kafka::{client, create, unique, Topics, PARTITIONS};
+use super::Error;
+
+/// Which consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Plain,
+    Floor,
+    Ours,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Plain => "plain",
+            Kind::Floor => "floor",
+            Kind::Ours => "ours",
+        }
+    }
+}
+
+/// What one consuming run saw.
+pub struct Consumed {
+    pub received: usize,
+    /// From the first record to the last one processed.
+    pub elapsed: Duration,
+    /// Produce-to-handout latency of each record, in ms (record creation time to the moment
+    /// the application gets it).
+    pub latencies_ms: Vec<f64>,
+}
+
+/// Stops a consumer once it has processed this many records (`usize::MAX` until known).
+pub type Target = Arc<AtomicUsize>;
+
+/// How many records a running consumer has handed out so far.
+pub type Seen = Arc<AtomicUsize>;
+
+fn now_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+fn latency_of(m: &BorrowedMessage<'_>) -> f64 {
+    m.timestamp()
+        .to_millis()
+        .map_or(0.0, |ts| (now_ms() - ts as f64).max(0.0))
+}
+
+/// Consumes `topics.source` with `kind` until `target` records were processed or `limit`
+/// passed. `unsettled` is the share of first deliveries ours leaves unacked (redelivered).
+pub async fn consume(
+    kind: Kind,
+    brokers: &str,
+    topics: &Topics,
+    target: Target,
+    seen: Seen,
+    limit: Duration,
+    unsettled: f64,
+) -> Result<Consumed, Error> {
+    match kind {
+        Kind::Plain => {
+            let (b, t) = (brokers.to_string(), topics.source.clone());
+            tokio::task::spawn_blocking(move || plain(&b, &t, &target, &seen, limit)).await?
+        }
+        Kind::Floor => {
+            let side = format!("{}.floor", topics.source);
+            create(brokers, &side, PARTITIONS, &[]).await?;
+            let (b, t) = (brokers.to_string(), topics.source.clone());
+            tokio::task::spawn_blocking(move || floor(&b, &t, &side, &target, &seen, limit)).await?
+        }
+        Kind::Ours => ours(brokers, topics, &target, &seen, limit, unsettled).await,
+    }
+}
+
+fn base_consumer(brokers: &str, topic: &str, auto_commit: bool) -> Result<BaseConsumer, Error> {
+    let c: BaseConsumer = client(brokers)
+        .set("group.id", unique("bench-group"))
+        .set("auto.offset.reset", "earliest")
+        .set(
+            "enable.auto.commit",
+            if auto_commit { "true" } else { "false" },
+        )
+        .create()?;
+    c.subscribe(&[topic])?;
+    Ok(c)
+}
+
+fn plain(
+    brokers: &str,
+    topic: &str,
+    target: &Target,
+    seen: &Seen,
+    limit: Duration,
+) -> Result<Consumed, Error> {
+    let c = base_consumer(brokers, topic, true)?;
+    let mut lat = Vec::new();
+    let started = Instant::now();
+    let mut first: Option<Instant> = None;
+    while lat.len() < target.load(Ordering::Relaxed) && started.elapsed() < limit {
+        if let Some(m) = c.poll(Duration::from_millis(100)) {
+            let m = m?;
+            first.get_or_insert_with(Instant::now);
+            lat.push(latency_of(&m));
+            seen.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    Ok(Consumed {
+        received: lat.len(),
+        elapsed: first.map_or(Duration::ZERO, |f| f.elapsed()),
+        latencies_ms: lat,
+    })
+}
+
+/// The least any markers design must do: before handing a batch out, one small durable record
+/// per message (the Start); after, another (the End), sent while the next batch is polled.
+fn floor(
+    brokers: &str,
+    topic: &str,
+    side: &str,
+    target: &Target,
+    seen: &Seen,
+    limit: Duration,
+) -> Result<Consumed, Error> {
+    let c = base_consumer(brokers, topic, false)?;
+    let p: FutureProducer = client(brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "2")
+        .create()?;
+    let mut lat = Vec::new();
+    let started = Instant::now();
+    let mut first: Option<Instant> = None;
+    let mut ends: Vec<DeliveryFuture> = Vec::new();
+    let small = [0u8; 16];
+    while lat.len() < target.load(Ordering::Relaxed) && started.elapsed() < limit {
+        let mut batch = Vec::new();
+        if let Some(m) = c.poll(Duration::from_millis(100)) {
+            batch.push(m?);
+            while batch.len() < 500 {
+                match c.poll(Duration::ZERO) {
+                    Some(m) => batch.push(m?),
+                    None => break,
+                }
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        first.get_or_insert_with(Instant::now);
+        let starts: Vec<DeliveryFuture> = batch
+            .iter()
+            .map(|m| {
+                p.send_result(
+                    FutureRecord::<(), _>::to(side)
+                        .partition(m.partition())
+                        .payload(&small[..]),
+                )
+                .map_err(|(e, _)| e)
+            })
+            .collect::<Result<_, _>>()?;
+        futures::executor::block_on(join_all(starts.into_iter().chain(ends.drain(..))));
+        c.commit_consumer_state(CommitMode::Async)?;
+        for m in &batch {
+            lat.push(latency_of(m));
+            seen.fetch_add(1, Ordering::Relaxed);
+            let end = p
+                .send_result(
+                    FutureRecord::<(), _>::to(side)
+                        .partition(m.partition())
+                        .payload(&small[..]),
+                )
+                .map_err(|(e, _)| e)?;
+            ends.push(end);
+        }
+    }
+    futures::executor::block_on(join_all(ends));
+    Ok(Consumed {
+        received: lat.len(),
+        elapsed: first.map_or(Duration::ZERO, |f| f.elapsed()),
+        latencies_ms: lat,
+    })
+}
+
+/// The client library, acking each delivery on its own task; with `unsettled` > 0, that share
+/// of first deliveries is abandoned and acked when it comes back.
+async fn ours(
+    brokers: &str,
+    topics: &Topics,
+    target: &Target,
+    seen: &Seen,
+    limit: Duration,
+    unsettled: f64,
+) -> Result<Consumed, Error> {
+    let config = ConsumerConfig::new(
+        brokers,
+        unique("bench-group"),
+        [&topics.source],
+        &topics.markers,
+    )
+    .timeout(Duration::from_secs(2))
+    .max_unsettled(2_000);
+    let mut c = RedeliveryConsumer::new(config)?;
+    let acked = Arc::new(AtomicUsize::new(0));
+    let mut lat = Vec::new();
+    let started = Instant::now();
+    let mut first: Option<Instant> = None;
+    while acked.load(Ordering::Relaxed) < target.load(Ordering::Relaxed)
+        && started.elapsed() < limit
+    {
+        let Some(d) = c.recv_timeout(Duration::from_millis(100)).await else {
+            continue;
+        };
+        first.get_or_insert_with(Instant::now);
+        seen.fetch_add(1, Ordering::Relaxed);
+        if d.attempt() == 1 {
+            lat.push(
+                d.timestamp_ms()
+                    .map_or(0.0, |ts| (now_ms() - ts as f64).max(0.0)),
+            );
+            if rand::random::<f64>() < unsettled {
+                d.abandon();
+                continue;
+            }
+        }
+        let acked = acked.clone();
+        tokio::spawn(async move {
+            if d.ack().await.is_ok() {
+                acked.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    let received = acked.load(Ordering::Relaxed);
+    let elapsed = first.map_or(Duration::ZERO, |f| f.elapsed());
+    c.close().await;
+    Ok(Consumed {
+        received,
+        elapsed,
+        latencies_ms: lat,
+    })
+}

@@ -1,0 +1,176 @@
+//! The broker side of the suite: fresh topics, preloading records, and a producer that offers
+//! a fixed load.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
+
+use super::Error;
+
+/// Source partitions in every scenario.
+pub const PARTITIONS: i32 = 8;
+
+pub fn client(brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers);
+    c
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!("{prefix}-{:08x}", rand::random::<u32>())
+}
+
+pub async fn create(
+    brokers: &str,
+    name: &str,
+    partitions: i32,
+    config: &[(&str, &str)],
+) -> Result<(), Error> {
+    let admin: AdminClient<DefaultClientContext> = client(brokers).create()?;
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    for (k, v) in config {
+        topic = topic.set(k, v);
+    }
+    for r in admin.create_topics(&[topic], &AdminOptions::new()).await? {
+        r.map_err(|(t, e)| format!("creating {t}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// A source topic, its markers topic and its dead-letter topic, all new.
+pub struct Topics {
+    pub source: String,
+    pub markers: String,
+}
+
+pub async fn topics(brokers: &str) -> Result<Topics, Error> {
+    let source = unique("bench");
+    let markers = format!("{source}.markers");
+    create(brokers, &source, PARTITIONS, &[]).await?;
+    create(
+        brokers,
+        &markers,
+        PARTITIONS,
+        &[("message.timestamp.type", "LogAppendTime")],
+    )
+    .await?;
+    create(brokers, &format!("{source}.dlq"), 1, &[]).await?;
+    Ok(Topics { source, markers })
+}
+
+fn producer(brokers: &str) -> Result<FutureProducer, Error> {
+    Ok(client(brokers)
+        .set("linger.ms", "5")
+        .set("enable.idempotence", "true")
+        .create()?)
+}
+
+/// Writes `n` records of `size` bytes round-robin over the partitions, as fast as possible.
+pub async fn preload(brokers: &str, topic: &str, n: usize, size: usize) -> Result<(), Error> {
+    let p = producer(brokers)?;
+    let payload = vec![b'x'; size];
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
+        let sends: Vec<_> = chunk
+            .iter()
+            .map(|&i| {
+                let key = i.to_string();
+                p.send_result(
+                    FutureRecord::to(topic)
+                        .key(&key)
+                        .payload(&payload)
+                        .partition(i as i32 % PARTITIONS),
+                )
+                .map_err(|(e, _)| e)
+            })
+            .collect::<Result<_, _>>()?;
+        for r in futures::future::join_all(sends).await {
+            r?.map_err(|(e, _)| e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Produces `rate` records per second of `size` bytes for `span`, in steps of 10 ms. Each
+/// record's timestamp is its creation time, from which consumers measure latency.
+pub async fn offer(
+    brokers: &str,
+    topic: &str,
+    rate: f64,
+    span: Duration,
+    size: usize,
+) -> Result<usize, Error> {
+    let p = producer(brokers)?;
+    let payload = vec![b'x'; size];
+    let started = Instant::now();
+    let mut sent = 0usize;
+    let mut pending = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    while started.elapsed() < span {
+        tick.tick().await;
+        let due = (started.elapsed().as_secs_f64() * rate) as usize;
+        while sent < due {
+            let key = sent.to_string();
+            let record = FutureRecord::to(topic)
+                .key(&key)
+                .payload(&payload)
+                .partition(sent as i32 % PARTITIONS);
+            match p.send_result(record) {
+                Ok(f) => {
+                    pending.push(f);
+                    sent += 1;
+                }
+                // More offered than the producer can send: let its queue drain. The load
+                // actually offered is what `sent` says.
+                Err((e, _)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
+                    for r in futures::future::join_all(pending.drain(..)).await {
+                        r?.map_err(|(e, _)| e)?;
+                    }
+                }
+                Err((e, _)) => return Err(e.into()),
+            }
+        }
+        if pending.len() > 10_000 {
+            for r in futures::future::join_all(pending.drain(..)).await {
+                r?.map_err(|(e, _)| e)?;
+            }
+        }
+    }
+    for r in futures::future::join_all(pending).await {
+        r?.map_err(|(e, _)| e)?;
+    }
+    Ok(sent)
+}
+
+/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Resident set of a process in bytes, from `/proc/<pid>/status`.
+pub fn resident_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}

@@ -1,0 +1,366 @@
+//! The benchmark suite: our client and tracker side by side with a plain consumer (the ceiling)
+//! and the design floor, on the same broker in the same run, scenarios alternating. Writes
+//! `results.json` and PNG plots to a results folder; BENCHMARKS.md has the method and numbers.
+//!
+//! ```text
+//! scripts/bench                 # starts the broker, builds in release, runs everything
+//! scripts/bench --quick         # every scenario briefly (what CI runs; no timing claims)
+//! ```
+
+mod consumers;
+mod kafka;
+mod plot;
+mod stats;
+mod tracker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Serialize;
+
+use consumers::{consume, Kind};
+use stats::{Latency, Spread};
+use tracker::TrackerProcess;
+
+/// Any error of the suite, with its message.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BOOTSTRAP", default_value = "127.0.0.1:39092")]
+    brokers: String,
+    /// Run every scenario briefly, to prove the harness works; the numbers mean nothing.
+    #[arg(long)]
+    quick: bool,
+    /// Where results.json and the plots go.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    /// Repetitions of each scenario (alternating A B C A B C ...).
+    #[arg(long)]
+    reps: Option<usize>,
+    /// Message sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "100,1024")]
+    sizes: Vec<usize>,
+}
+
+/// The amounts of work; `--quick` shrinks all of them.
+struct Plan {
+    reps: usize,
+    throughput_messages: usize,
+    latency_span: Duration,
+    /// Caps the offered load of the latency runs (quick mode: the harness, not the numbers).
+    max_offered: f64,
+    alone_pairs: usize,
+    alone_in_flight: usize,
+}
+
+impl Plan {
+    fn of(args: &Args) -> Self {
+        if args.quick {
+            Plan {
+                reps: args.reps.unwrap_or(1),
+                throughput_messages: 2_000,
+                latency_span: Duration::from_secs(2),
+                max_offered: 2_000.0,
+                alone_pairs: 5_000,
+                alone_in_flight: 5_000,
+            }
+        } else {
+            Plan {
+                reps: args.reps.unwrap_or(3),
+                throughput_messages: 200_000,
+                latency_span: Duration::from_secs(10),
+                max_offered: f64::INFINITY,
+                alone_pairs: 500_000,
+                alone_in_flight: 1_000_000,
+            }
+        }
+    }
+}
+
+const KINDS: [Kind; 3] = [Kind::Plain, Kind::Floor, Kind::Ours];
+const LIMIT: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Default, Serialize)]
+struct SizeResult {
+    /// Messages per second, per consumer.
+    throughput: BTreeMap<&'static str, Spread>,
+    /// CPU seconds per million messages: the consuming process (client), and the tracker.
+    client_cpu_per_million: BTreeMap<&'static str, Spread>,
+    tracker_cpu_per_million: Spread,
+    /// The offered load of the latency runs: half the plain consumer's median throughput.
+    offered_per_second: f64,
+    latency_p50_ms: BTreeMap<&'static str, Spread>,
+    latency_p99_ms: BTreeMap<&'static str, Spread>,
+    #[serde(skip)]
+    latency_samples: BTreeMap<&'static str, Vec<f64>>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Redelivery {
+    unsettled_share: f64,
+    throughput: Spread,
+    deadline_to_redelivery_p50_ms: Option<f64>,
+    deadline_to_redelivery_p99_ms: Option<f64>,
+    deadline_to_redelivery_max_bucket_ms: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Results {
+    quick: bool,
+    machine: String,
+    reps: usize,
+    throughput_messages: usize,
+    latency_span_s: u64,
+    sizes: BTreeMap<usize, SizeResult>,
+    redelivery: Redelivery,
+    tracker_alone: Option<tracker::Alone>,
+}
+
+/// One throughput run: `n` preloaded records consumed as fast as `kind` can.
+async fn throughput_run(
+    brokers: &str,
+    kind: Kind,
+    n: usize,
+    size: usize,
+    unsettled: f64,
+) -> Result<(f64, f64, Option<(f64, String)>), Error> {
+    let topics = kafka::topics(brokers).await?;
+    kafka::preload(brokers, &topics.source, n, size).await?;
+    let tracker = match kind {
+        Kind::Ours => Some(
+            TrackerProcess::start(brokers, &topics.markers, &kafka::unique("bench-tracker"))?.0,
+        ),
+        _ => None,
+    };
+    let me = std::process::id();
+    let (cpu0, tcpu0) = (
+        kafka::cpu_seconds(me),
+        tracker.as_ref().map_or(0.0, |t| t.cpu_seconds()),
+    );
+    let target = Arc::new(AtomicUsize::new(n));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let got = consume(kind, brokers, &topics, target, seen, LIMIT, unsettled).await?;
+    if got.received < n {
+        return Err(format!("{} consumed {} of {n}", kind.name(), got.received).into());
+    }
+    let rate = n as f64 / got.elapsed.as_secs_f64().max(1e-6);
+    let client_cpu = (kafka::cpu_seconds(me) - cpu0) / n as f64 * 1e6;
+    let tracker_side = tracker
+        .as_ref()
+        .map(|t| ((t.cpu_seconds() - tcpu0) / n as f64 * 1e6, t.metrics()));
+    Ok((rate, client_cpu, tracker_side))
+}
+
+/// One latency run: `rate` records per second offered for `span`; latencies per record.
+async fn latency_run(
+    brokers: &str,
+    kind: Kind,
+    rate: f64,
+    span: Duration,
+    size: usize,
+) -> Result<Vec<f64>, Error> {
+    let topics = kafka::topics(brokers).await?;
+    let source = topics.source.clone();
+    let _tracker = match kind {
+        Kind::Ours => Some(
+            TrackerProcess::start(brokers, &topics.markers, &kafka::unique("bench-tracker"))?.0,
+        ),
+        _ => None,
+    };
+    let target = Arc::new(AtomicUsize::new(usize::MAX));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let consumer = {
+        let (b, target, seen) = (brokers.to_string(), target.clone(), seen.clone());
+        // A consumer that cannot keep up drains its backlog after the load stops; bounded.
+        let limit = span + Duration::from_secs(300);
+        tokio::spawn(async move { consume(kind, &b, &topics, target, seen, limit, 0.0).await })
+    };
+    // One record first, so the group has formed before the timed load starts.
+    kafka::preload(brokers, &source, 1, size).await?;
+    let waited = std::time::Instant::now();
+    while seen.load(Ordering::Relaxed) == 0 {
+        if waited.elapsed() > Duration::from_secs(120) {
+            return Err(format!("{}: the warm-up record never arrived", kind.name()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = kafka::offer(brokers, &source, rate, span, size).await?;
+    eprintln!(
+        "  {}: offered {sent} in {span:?}; waiting for the consumer",
+        kind.name()
+    );
+    target.store(sent + 1, Ordering::Relaxed);
+    let got = consumer.await??;
+    if got.received < sent + 1 {
+        return Err(format!("{} received {} of {}", kind.name(), got.received, sent + 1).into());
+    }
+    Ok(got.latencies_ms.into_iter().skip(1).collect())
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_default();
+    format!("{cpus} CPUs, {model}")
+}
+
+async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult, Error> {
+    let mut r = SizeResult::default();
+    let n = plan.throughput_messages;
+    let mut rates: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut tracker_cpu = Vec::new();
+    for rep in 0..plan.reps {
+        for kind in KINDS {
+            let (rate, client_cpu, tracker_side) =
+                throughput_run(brokers, kind, n, size, 0.0).await?;
+            eprintln!("size {size} rep {rep} {}: {rate:.0} msg/s", kind.name());
+            rates.entry(kind.name()).or_default().push(rate);
+            cpu.entry(kind.name()).or_default().push(client_cpu);
+            if let Some((t, _)) = tracker_side {
+                tracker_cpu.push(t);
+            }
+        }
+    }
+    for (k, v) in &rates {
+        r.throughput.insert(k, Spread::of(v));
+    }
+    for (k, v) in &cpu {
+        r.client_cpu_per_million.insert(k, Spread::of(v));
+    }
+    r.tracker_cpu_per_million = Spread::of(&tracker_cpu);
+    r.offered_per_second =
+        (r.throughput.get("plain").map_or(1000.0, |s| s.median) / 2.0).min(plan.max_offered);
+    let mut p50: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut p99: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    for rep in 0..plan.reps {
+        for kind in KINDS {
+            let lat =
+                latency_run(brokers, kind, r.offered_per_second, plan.latency_span, size).await?;
+            let l = Latency::of(lat.clone());
+            eprintln!(
+                "size {size} rep {rep} {} at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms",
+                kind.name(),
+                r.offered_per_second,
+                l.p50,
+                l.p99
+            );
+            p50.entry(kind.name()).or_default().push(l.p50);
+            p99.entry(kind.name()).or_default().push(l.p99);
+            r.latency_samples
+                .entry(kind.name())
+                .or_default()
+                .extend(lat);
+        }
+    }
+    for (k, v) in &p50 {
+        r.latency_p50_ms.insert(k, Spread::of(v));
+    }
+    for (k, v) in &p99 {
+        r.latency_p99_ms.insert(k, Spread::of(v));
+    }
+    Ok(r)
+}
+
+async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
+    let share = 0.1;
+    let mut rates = Vec::new();
+    let mut last_metrics = String::new();
+    for _ in 0..plan.reps {
+        let (rate, _, tracker_side) = throughput_run(
+            brokers,
+            Kind::Ours,
+            plan.throughput_messages / 4,
+            100,
+            share,
+        )
+        .await?;
+        rates.push(rate);
+        if let Some((_, m)) = tracker_side {
+            last_metrics = m;
+        }
+    }
+    Ok(Redelivery {
+        unsettled_share: share,
+        throughput: Spread::of(&rates),
+        deadline_to_redelivery_p50_ms: tracker::lag_quantile_ms(&last_metrics, 0.5),
+        deadline_to_redelivery_p99_ms: tracker::lag_quantile_ms(&last_metrics, 0.99),
+        deadline_to_redelivery_max_bucket_ms: tracker::lag_quantile_ms(&last_metrics, 1.0),
+    })
+}
+
+fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
+    plot::register_font()?;
+    let mut bars = Vec::new();
+    for (size, r) in &results.sizes {
+        for kind in KINDS {
+            if let Some(s) = r.throughput.get(kind.name()) {
+                bars.push((format!("{} {size} B", kind.name()), s.clone()));
+            }
+        }
+    }
+    plot::throughput(
+        &out.join("throughput.png"),
+        "Throughput (median; line: min to max)",
+        &bars,
+    )?;
+    for (size, r) in &results.sizes {
+        let series: Vec<(String, Vec<(f64, f64)>)> = KINDS
+            .iter()
+            .filter_map(|k| {
+                let samples = r.latency_samples.get(k.name())?;
+                Some((k.name().to_string(), stats::cdf(samples, 400)))
+            })
+            .collect();
+        plot::latency_cdf(
+            &out.join(format!("latency-cdf-{size}.png")),
+            &format!(
+                "Produce to handout, {size}-byte records at {:.0}/s",
+                r.offered_per_second
+            ),
+            &series,
+        )?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args = Args::parse();
+    let plan = Plan::of(&args);
+    std::fs::create_dir_all(&args.out)?;
+    let mut sizes = BTreeMap::new();
+    for &size in &args.sizes {
+        sizes.insert(size, per_size(&args.brokers, &plan, size).await?);
+    }
+    let redelivery = redelivery(&args.brokers, &plan).await?;
+    let alone = tracker::alone(&args.brokers, plan.alone_pairs, plan.alone_in_flight).await?;
+    let results = Results {
+        quick: args.quick,
+        machine: machine(),
+        reps: plan.reps,
+        throughput_messages: plan.throughput_messages,
+        latency_span_s: plan.latency_span.as_secs(),
+        sizes,
+        redelivery,
+        tracker_alone: Some(alone),
+    };
+    let json = serde_json::to_string_pretty(&results)?;
+    std::fs::write(args.out.join("results.json"), &json)?;
+    write_plots(&args.out, &results)?;
+    println!("{json}");
+    eprintln!("results in {}", args.out.display());
+    Ok(())
+}

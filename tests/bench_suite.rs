@@ -1,0 +1,48 @@
+//! The benchmark suite's `--quick` mode runs every scenario against the real broker and writes
+//! its results and plots. No timing is asserted: this proves the harness works.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+
+#[test]
+fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
+    let out = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(example_bin("bench_suite"))
+        .args(["--quick", "--brokers", &brokers()])
+        .arg("--out")
+        .arg(out.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(log_file("bench-suite")))
+        .status()
+        .unwrap();
+    assert!(status.success(), "bench_suite --quick failed: {status}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("results.json")).unwrap())
+            .unwrap();
+    for size in ["100", "1024"] {
+        for kind in ["plain", "floor", "ours"] {
+            let rate = json["sizes"][size]["throughput"][kind]["median"]
+                .as_f64()
+                .unwrap();
+            assert!(rate > 0.0, "{size} {kind}: {json}");
+            assert!(json["sizes"][size]["latency_p99_ms"][kind]["median"].is_number());
+        }
+    }
+    assert!(json["redelivery"]["throughput"]["median"].as_f64().unwrap() > 0.0);
+    assert!(
+        json["tracker_alone"]["markers_per_second"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    for plot in [
+        "throughput.png",
+        "latency-cdf-100.png",
+        "latency-cdf-1024.png",
+    ] {
+        let bytes = std::fs::read(out.path().join(plot)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{plot} is not a PNG");
+    }
+}
