@@ -43,6 +43,10 @@ struct Args {
     /// Repetitions of each scenario (alternating A B C A B C ...).
     #[arg(long)]
     reps: Option<usize>,
+    /// Offer this many records per second in the latency runs instead of half the plain
+    /// consumer's median throughput (which the slower consumers may not sustain).
+    #[arg(long)]
+    offered: Option<f64>,
     /// Message sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "100,1024")]
     sizes: Vec<usize>,
@@ -55,6 +59,8 @@ struct Plan {
     latency_span: Duration,
     /// Caps the offered load of the latency runs (quick mode: the harness, not the numbers).
     max_offered: f64,
+    /// A fixed offered load, if given.
+    offered: Option<f64>,
     alone_pairs: usize,
     alone_in_flight: usize,
 }
@@ -67,6 +73,7 @@ impl Plan {
                 throughput_messages: 2_000,
                 latency_span: Duration::from_secs(2),
                 max_offered: 2_000.0,
+                offered: args.offered,
                 alone_pairs: 5_000,
                 alone_in_flight: 5_000,
             }
@@ -76,6 +83,7 @@ impl Plan {
                 throughput_messages: 200_000,
                 latency_span: Duration::from_secs(10),
                 max_offered: f64::INFINITY,
+                offered: args.offered,
                 alone_pairs: 500_000,
                 alone_in_flight: 1_000_000,
             }
@@ -241,8 +249,9 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
         r.client_cpu_per_million.insert(k, Spread::of(v));
     }
     r.tracker_cpu_per_million = Spread::of(&tracker_cpu);
-    r.offered_per_second =
-        (r.throughput.get("plain").map_or(1000.0, |s| s.median) / 2.0).min(plan.max_offered);
+    r.offered_per_second = plan.offered.unwrap_or_else(|| {
+        (r.throughput.get("plain").map_or(1000.0, |s| s.median) / 2.0).min(plan.max_offered)
+    });
     let mut p50: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut p99: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for rep in 0..plan.reps {
