@@ -37,6 +37,12 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
             .unwrap()
             > 0.0
     );
+    assert!(
+        json["tracker_alone"]["restart_from_snapshot_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     for plot in [
         "throughput.png",
         "latency-cdf-100.png",

@@ -62,12 +62,23 @@ fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
 impl TrackerProcess {
     /// Starts a tracker for `markers` and returns once it is ready, with the time that took.
     pub fn start(brokers: &str, markers: &str, group: &str) -> Result<(Self, Duration), Error> {
+        Self::start_with(brokers, markers, group, &[])
+    }
+
+    /// Like [`Self::start`], with extra `run` flags.
+    pub fn start_with(
+        brokers: &str,
+        markers: &str,
+        group: &str,
+        extra: &[&str],
+    ) -> Result<(Self, Duration), Error> {
         let admin = format!("127.0.0.1:{}", free_port()?);
         let started = Instant::now();
         let child = Command::new(binary()?)
             .args(["run", "--brokers", brokers, "--markers-topic", markers])
             .args(["--group-id", group, "--admin-listen", &admin])
             .args(["--commit-interval", "1s", "--max-deliveries", "100"])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -80,6 +91,21 @@ impl TrackerProcess {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok((t, started.elapsed()))
+    }
+
+    /// Stops it with SIGTERM, so it commits and leaves its group at once (a killed member
+    /// holds its partitions until its session times out).
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     pub fn cpu_seconds(&self) -> f64 {
@@ -163,6 +189,14 @@ async fn write_markers(brokers: &str, markers: &str, n: usize, ended: bool) -> R
     Ok(())
 }
 
+fn snapshots_written(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("redelivery_snapshots_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Results of the tracker-alone scenario.
 #[derive(Debug, serde::Serialize)]
 pub struct Alone {
@@ -171,6 +205,8 @@ pub struct Alone {
     pub in_flight: usize,
     pub bytes_per_in_flight: f64,
     pub restart_to_ready_ms: f64,
+    /// The same restart once a snapshot of the in-flight deliveries is committed.
+    pub restart_from_snapshot_ms: f64,
     pub idle_ready_ms: f64,
 }
 
@@ -210,12 +246,47 @@ pub async fn alone(brokers: &str, pairs: usize, in_flight: usize) -> Result<Alon
     std::thread::sleep(Duration::from_secs(1));
     let rss = t.resident_bytes();
     drop(t);
+
+    // With a snapshots topic: one tracker replays and snapshots, the next one restores.
+    create(
+        brokers,
+        &format!("{held_topic}.snapshots"),
+        PARTITIONS,
+        &[
+            ("cleanup.policy", "compact"),
+            ("max.message.bytes", "2097152"),
+        ],
+    )
+    .await?;
+    let group = unique("g");
+    let snap = ["--snapshot-after-markers", "1", "--snapshot-interval", "1s"];
+    let (t, _) = TrackerProcess::start_with(brokers, &held_topic, &group, &snap)?;
+    let waited = Instant::now();
+    // Every partition holding deliveries is snapshotted; one holding none needs no snapshot.
+    loop {
+        let written = snapshots_written(&t.metrics());
+        if written >= PARTITIONS as f64
+            || (written >= 1.0 && waited.elapsed() > Duration::from_secs(20))
+        {
+            break;
+        }
+        if waited.elapsed() > Duration::from_secs(300) {
+            return Err("no snapshot within 5 minutes".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The commit after a snapshot names it; commits run every second.
+    std::thread::sleep(Duration::from_millis(2_500));
+    t.stop();
+    let (t, from_snapshot) = TrackerProcess::start_with(brokers, &held_topic, &group, &snap)?;
+    drop(t);
     Ok(Alone {
         markers_applied: applied,
         markers_per_second: applied as f64 / replay.as_secs_f64(),
         in_flight,
         bytes_per_in_flight: rss.saturating_sub(idle_rss) as f64 / in_flight.max(1) as f64,
         restart_to_ready_ms: restart.as_secs_f64() * 1000.0,
+        restart_from_snapshot_ms: from_snapshot.as_secs_f64() * 1000.0,
         idle_ready_ms: idle_ready.as_secs_f64() * 1000.0,
     })
 }
