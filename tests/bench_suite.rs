@@ -22,7 +22,7 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
         serde_json::from_str(&std::fs::read_to_string(out.path().join("results.json")).unwrap())
             .unwrap();
     for size in ["100", "1024"] {
-        for kind in ["plain", "floor", "ours"] {
+        for kind in ["plain", "floor", "ours", "share"] {
             let rate = json["sizes"][size]["throughput"][kind]["median"]
                 .as_f64()
                 .unwrap();
@@ -30,6 +30,11 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
             assert!(json["sizes"][size]["latency_p99_ms"][kind]["median"].is_number());
         }
     }
+    // kmq runs only where it resolves; the report says which (issue 5).
+    assert!(
+        json["kmq"].as_str().is_some_and(|s| s.contains("kmq")),
+        "{json}"
+    );
     assert!(json["redelivery"]["throughput"]["median"].as_f64().unwrap() > 0.0);
     assert!(
         json["tracker_alone"]["markers_per_second"]

@@ -12,23 +12,29 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
 use super::kafka::{client, create, unique, Topics, PARTITIONS};
+use super::share;
 use super::Error;
 
 /// Which consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     Plain,
     Floor,
     Ours,
+    /// Kafka share groups (KIP-932), the Java client in a child process.
+    Share,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Plain, Kind::Floor, Kind::Ours, Kind::Share];
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Plain => "plain",
             Kind::Floor => "floor",
             Kind::Ours => "ours",
+            Kind::Share => "share",
         }
     }
 }
@@ -41,6 +47,9 @@ pub struct Consumed {
     /// Produce-to-handout latency of each record, in ms (record creation time to the moment
     /// the application gets it).
     pub latencies_ms: Vec<f64>,
+    /// CPU seconds of a consumer that runs in its own process; `None` when it runs in this
+    /// one (the caller measures this process).
+    pub cpu_seconds: Option<f64>,
 }
 
 /// Stops a consumer once it has processed this many records (`usize::MAX` until known).
@@ -84,6 +93,14 @@ pub async fn consume(
             tokio::task::spawn_blocking(move || floor(&b, &t, &side, &target, &seen, limit)).await?
         }
         Kind::Ours => ours(brokers, topics, &target, &seen, limit, unsettled).await,
+        Kind::Share => {
+            let peers = share::dir()?;
+            let (b, t) = (brokers.to_string(), topics.source.clone());
+            tokio::task::spawn_blocking(move || {
+                share::consume(&peers, &b, &t, &target, &seen, limit)
+            })
+            .await?
+        }
     }
 }
 
@@ -123,6 +140,7 @@ fn plain(
         received: lat.len(),
         elapsed: first.map_or(Duration::ZERO, |f| f.elapsed()),
         latencies_ms: lat,
+        cpu_seconds: None,
     })
 }
 
@@ -193,6 +211,7 @@ fn floor(
         received: lat.len(),
         elapsed: first.map_or(Duration::ZERO, |f| f.elapsed()),
         latencies_ms: lat,
+        cpu_seconds: None,
     })
 }
 
@@ -251,5 +270,6 @@ async fn ours(
         received,
         elapsed,
         latencies_ms: lat,
+        cpu_seconds: None,
     })
 }

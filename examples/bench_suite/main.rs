@@ -10,6 +10,7 @@
 mod consumers;
 mod kafka;
 mod plot;
+mod share;
 mod stats;
 mod tracker;
 
@@ -50,6 +51,25 @@ struct Args {
     /// Message sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "100,1024")]
     sizes: Vec<usize>,
+    /// Which parts to run (all by default): throughput, latency, redelivery, alone. Latency
+    /// without throughput needs `--offered`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "throughput,latency,redelivery,alone"
+    )]
+    parts: Vec<Part>,
+    /// Which consumers to compare (all by default).
+    #[arg(long, value_delimiter = ',', default_value = "plain,floor,ours,share")]
+    kinds: Vec<Kind>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    Throughput,
+    Latency,
+    Redelivery,
+    Alone,
 }
 
 /// The amounts of work; `--quick` shrinks all of them.
@@ -63,6 +83,8 @@ struct Plan {
     offered: Option<f64>,
     alone_pairs: usize,
     alone_in_flight: usize,
+    kinds: Vec<Kind>,
+    parts: Vec<Part>,
 }
 
 impl Plan {
@@ -76,6 +98,8 @@ impl Plan {
                 offered: args.offered,
                 alone_pairs: 5_000,
                 alone_in_flight: 5_000,
+                kinds: args.kinds.clone(),
+                parts: args.parts.clone(),
             }
         } else {
             Plan {
@@ -86,12 +110,18 @@ impl Plan {
                 offered: args.offered,
                 alone_pairs: 500_000,
                 alone_in_flight: 1_000_000,
+                kinds: args.kinds.clone(),
+                parts: args.parts.clone(),
             }
         }
     }
 }
 
-const KINDS: [Kind; 3] = [Kind::Plain, Kind::Floor, Kind::Ours];
+impl Plan {
+    fn runs(&self, part: Part) -> bool {
+        self.parts.contains(&part)
+    }
+}
 const LIMIT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Default, Serialize)]
@@ -125,8 +155,10 @@ struct Results {
     reps: usize,
     throughput_messages: usize,
     latency_span_s: u64,
+    /// Whether kmq could be fetched (it is skipped when it cannot).
+    kmq: String,
     sizes: BTreeMap<usize, SizeResult>,
-    redelivery: Redelivery,
+    redelivery: Option<Redelivery>,
     tracker_alone: Option<tracker::Alone>,
 }
 
@@ -158,7 +190,11 @@ async fn throughput_run(
         return Err(format!("{} consumed {} of {n}", kind.name(), got.received).into());
     }
     let rate = n as f64 / got.elapsed.as_secs_f64().max(1e-6);
-    let client_cpu = (kafka::cpu_seconds(me) - cpu0) / n as f64 * 1e6;
+    let client_cpu = got
+        .cpu_seconds
+        .unwrap_or_else(|| kafka::cpu_seconds(me) - cpu0)
+        / n as f64
+        * 1e6;
     let tracker_side = tracker
         .as_ref()
         .map(|t| ((t.cpu_seconds() - tcpu0) / n as f64 * 1e6, t.metrics()));
@@ -231,7 +267,10 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     let mut cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut tracker_cpu = Vec::new();
     for rep in 0..plan.reps {
-        for kind in KINDS {
+        if !plan.runs(Part::Throughput) {
+            break;
+        }
+        for &kind in &plan.kinds {
             let (rate, client_cpu, tracker_side) =
                 throughput_run(brokers, kind, n, size, 0.0).await?;
             eprintln!("size {size} rep {rep} {}: {rate:.0} msg/s", kind.name());
@@ -255,7 +294,10 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     let mut p50: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut p99: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for rep in 0..plan.reps {
-        for kind in KINDS {
+        if !plan.runs(Part::Latency) {
+            break;
+        }
+        for &kind in &plan.kinds {
             let lat =
                 latency_run(brokers, kind, r.offered_per_second, plan.latency_span, size).await?;
             let l = Latency::of(lat.clone());
@@ -314,25 +356,30 @@ fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
     plot::register_font()?;
     let mut bars = Vec::new();
     for (size, r) in &results.sizes {
-        for kind in KINDS {
+        for kind in Kind::ALL {
             if let Some(s) = r.throughput.get(kind.name()) {
                 bars.push((format!("{} {size} B", kind.name()), s.clone()));
             }
         }
     }
-    plot::throughput(
-        &out.join("throughput.png"),
-        "Throughput (median; line: min to max)",
-        &bars,
-    )?;
+    if !bars.is_empty() {
+        plot::throughput(
+            &out.join("throughput.png"),
+            "Throughput (median; line: min to max)",
+            &bars,
+        )?;
+    }
     for (size, r) in &results.sizes {
-        let series: Vec<(String, Vec<(f64, f64)>)> = KINDS
+        let series: Vec<(String, Vec<(f64, f64)>)> = Kind::ALL
             .iter()
             .filter_map(|k| {
                 let samples = r.latency_samples.get(k.name())?;
                 Some((k.name().to_string(), stats::cdf(samples, 400)))
             })
             .collect();
+        if series.is_empty() {
+            continue;
+        }
         plot::latency_cdf(
             &out.join(format!("latency-cdf-{size}.png")),
             &format!(
@@ -349,14 +396,25 @@ fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
 async fn main() -> Result<(), Error> {
     let args = Args::parse();
     let plan = Plan::of(&args);
+    if plan.runs(Part::Latency) && !plan.runs(Part::Throughput) && plan.offered.is_none() {
+        return Err("--parts latency without throughput needs --offered".into());
+    }
+    share::prepare()?;
     std::fs::create_dir_all(&args.out)?;
     let mut sizes = BTreeMap::new();
     for &size in &args.sizes {
         sizes.insert(size, per_size(&args.brokers, &plan, size).await?);
     }
-    let redelivery = redelivery(&args.brokers, &plan).await?;
-    let alone = tracker::alone(&args.brokers, plan.alone_pairs, plan.alone_in_flight).await?;
+    let redelivery = match plan.runs(Part::Redelivery) {
+        true => Some(redelivery(&args.brokers, &plan).await?),
+        false => None,
+    };
+    let alone = match plan.runs(Part::Alone) {
+        true => Some(tracker::alone(&args.brokers, plan.alone_pairs, plan.alone_in_flight).await?),
+        false => None,
+    };
     let results = Results {
+        kmq: share::kmq_status(),
         quick: args.quick,
         machine: machine(),
         reps: plan.reps,
@@ -364,7 +422,7 @@ async fn main() -> Result<(), Error> {
         latency_span_s: plan.latency_span.as_secs(),
         sizes,
         redelivery,
-        tracker_alone: Some(alone),
+        tracker_alone: alone,
     };
     let json = serde_json::to_string_pretty(&results)?;
     std::fs::write(args.out.join("results.json"), &json)?;

@@ -1,0 +1,140 @@
+package bench;
+
+import java.io.BufferedReader;
+import java.io.BufferedWriter;
+import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.atomic.AtomicLong;
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AlterConfigOp;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
+import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ConsumerRecords;
+import org.apache.kafka.clients.consumer.KafkaShareConsumer;
+import org.apache.kafka.common.config.ConfigResource;
+import org.apache.kafka.common.serialization.ByteArrayDeserializer;
+
+/**
+ * The share-group peer of the benchmark suite: one {@link KafkaShareConsumer} (KIP-932) that
+ * acknowledges every record explicitly, the closest thing Kafka itself offers to per-message
+ * acknowledgement with redelivery.
+ *
+ * <p>Usage: {@code ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE}. A TARGET
+ * of -1 means "read it from stdin later" (the latency runs learn how many records were offered
+ * only when the load stops). It speaks a line protocol with the Rust harness on stdout: {@code
+ * first} once the first record was handed to the application, then {@code done RECEIVED
+ * ELAPSED_MS CPU_MS} at the end, both times counted from the first record (so JVM start-up and
+ * class loading are not charged to the consumer). Latencies (record creation time to handout, in ms) go to
+ * LATENCIES_FILE, one per line.
+ */
+public final class ShareConsumerBench {
+  private ShareConsumerBench() {}
+
+  public static void main(String[] args) throws Exception {
+    if (args.length != 6) {
+      System.err.println(
+          "usage: ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE");
+      System.exit(2);
+    }
+    String brokers = args[0];
+    String topic = args[1];
+    String group = args[2];
+    AtomicLong target = new AtomicLong(Long.parseLong(args[3]));
+    long limitMs = Long.parseLong(args[4]) * 1000;
+    Path latencies = Path.of(args[5]);
+    if (target.get() < 0) {
+      target.set(Long.MAX_VALUE);
+      Thread reader = new Thread(() -> readTarget(target), "target-reader");
+      reader.setDaemon(true);
+      reader.start();
+    }
+    startFromEarliest(brokers, group);
+
+    Properties props = new Properties();
+    props.put("bootstrap.servers", brokers);
+    props.put("group.id", group);
+    // Every record is acknowledged by the application, one by one, as with ours.
+    props.put("share.acknowledgement.mode", "explicit");
+    long[] lat = new long[1 << 16];
+    int n = 0;
+    long started = System.currentTimeMillis();
+    long first = -1;
+    long cpuAtFirst = 0;
+    try (KafkaShareConsumer<byte[], byte[]> consumer =
+        new KafkaShareConsumer<>(props, new ByteArrayDeserializer(), new ByteArrayDeserializer())) {
+      consumer.subscribe(List.of(topic));
+      while (n < target.get() && System.currentTimeMillis() - started < limitMs) {
+        ConsumerRecords<byte[], byte[]> records = consumer.poll(Duration.ofMillis(100));
+        for (ConsumerRecord<byte[], byte[]> r : records) {
+          long now = System.currentTimeMillis();
+          if (first < 0) {
+            first = now;
+            cpuAtFirst = cpuNanos();
+            System.out.println("first");
+            System.out.flush();
+          }
+          if (n == lat.length) {
+            lat = Arrays.copyOf(lat, lat.length * 2);
+          }
+          lat[n++] = Math.max(0, now - r.timestamp());
+          consumer.acknowledge(r, AcknowledgeType.ACCEPT);
+        }
+      }
+      // Acknowledgements ride on the next fetch; make the last ones durable before the clock
+      // stops, as ours waits for its End markers.
+      consumer.commitSync(Duration.ofSeconds(30));
+    }
+    long elapsed = first < 0 ? 0 : System.currentTimeMillis() - first;
+    long cpuMs = first < 0 ? 0 : (cpuNanos() - cpuAtFirst) / 1_000_000;
+    try (BufferedWriter w = Files.newBufferedWriter(latencies, StandardCharsets.UTF_8)) {
+      for (int i = 0; i < n; i++) {
+        w.write(Long.toString(lat[i]));
+        w.newLine();
+      }
+    }
+    System.out.println("done " + n + " " + elapsed + " " + cpuMs);
+    System.out.flush();
+  }
+
+  /** A share group starts at the latest offset by default; the suite preloads records first. */
+  private static void startFromEarliest(String brokers, String group) throws Exception {
+    Properties props = new Properties();
+    props.put("bootstrap.servers", brokers);
+    try (Admin admin = Admin.create(props)) {
+      ConfigResource resource = new ConfigResource(ConfigResource.Type.GROUP, group);
+      AlterConfigOp op =
+          new AlterConfigOp(
+              new ConfigEntry("share.auto.offset.reset", "earliest"), AlterConfigOp.OpType.SET);
+      admin.incrementalAlterConfigs(Map.of(resource, List.of(op))).all().get();
+    }
+  }
+
+  /** CPU time of the whole JVM process (all threads), in nanoseconds. */
+  private static long cpuNanos() {
+    var os = java.lang.management.ManagementFactory.getOperatingSystemMXBean();
+    if (os instanceof com.sun.management.OperatingSystemMXBean sun) {
+      return sun.getProcessCpuTime();
+    }
+    return 0;
+  }
+
+  private static void readTarget(AtomicLong target) {
+    try (BufferedReader in =
+        new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8))) {
+      String line = in.readLine();
+      if (line != null) {
+        target.set(Long.parseLong(line.trim()));
+      }
+    } catch (Exception e) {
+      System.err.println("share peer: cannot read the target from stdin: " + e);
+    }
+  }
+}
