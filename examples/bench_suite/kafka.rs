@@ -145,6 +145,19 @@ pub async fn offer(
     Ok(sent)
 }
 
+/// The broker's process id, from `KAFKA_BROKER_PID` (`scripts/bench` sets it), if it names a
+/// running process.
+pub fn broker_pid() -> Option<u32> {
+    let pid = std::env::var("KAFKA_BROKER_PID")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    std::path::Path::new(&format!("/proc/{pid}"))
+        .exists()
+        .then_some(pid)
+}
+
 /// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

@@ -131,6 +131,9 @@ struct SizeResult {
     /// CPU seconds per million messages: the consuming process (client), and the tracker.
     client_cpu_per_million: BTreeMap<&'static str, Spread>,
     tracker_cpu_per_million: Spread,
+    /// CPU seconds per million messages of the broker process (when its pid is known): share
+    /// groups move work from the client to the broker, so this belongs in the comparison.
+    broker_cpu_per_million: BTreeMap<&'static str, Spread>,
     /// The offered load of the latency runs: half the plain consumer's median throughput.
     offered_per_second: f64,
     latency_p50_ms: BTreeMap<&'static str, Spread>,
@@ -162,6 +165,18 @@ struct Results {
     tracker_alone: Option<tracker::Alone>,
 }
 
+/// What one throughput run measured.
+struct Run {
+    /// Messages per second.
+    rate: f64,
+    /// CPU seconds per million messages of the consumer, the tracker (ours) and the broker.
+    client_cpu: f64,
+    tracker_cpu: Option<f64>,
+    broker_cpu: Option<f64>,
+    /// The tracker's `/metrics` at the end (ours).
+    tracker_metrics: Option<String>,
+}
+
 /// One throughput run: `n` preloaded records consumed as fast as `kind` can.
 async fn throughput_run(
     brokers: &str,
@@ -169,7 +184,7 @@ async fn throughput_run(
     n: usize,
     size: usize,
     unsettled: f64,
-) -> Result<(f64, f64, Option<(f64, String)>), Error> {
+) -> Result<Run, Error> {
     let topics = kafka::topics(brokers).await?;
     kafka::preload(brokers, &topics.source, n, size).await?;
     let tracker = match kind {
@@ -179,9 +194,11 @@ async fn throughput_run(
         _ => None,
     };
     let me = std::process::id();
-    let (cpu0, tcpu0) = (
+    let broker = kafka::broker_pid();
+    let (cpu0, tcpu0, bcpu0) = (
         kafka::cpu_seconds(me),
         tracker.as_ref().map_or(0.0, |t| t.cpu_seconds()),
+        broker.map_or(0.0, kafka::cpu_seconds),
     );
     let target = Arc::new(AtomicUsize::new(n));
     let seen = Arc::new(AtomicUsize::new(0));
@@ -189,16 +206,19 @@ async fn throughput_run(
     if got.received < n {
         return Err(format!("{} consumed {} of {n}", kind.name(), got.received).into());
     }
-    let rate = n as f64 / got.elapsed.as_secs_f64().max(1e-6);
-    let client_cpu = got
-        .cpu_seconds
-        .unwrap_or_else(|| kafka::cpu_seconds(me) - cpu0)
-        / n as f64
-        * 1e6;
-    let tracker_side = tracker
-        .as_ref()
-        .map(|t| ((t.cpu_seconds() - tcpu0) / n as f64 * 1e6, t.metrics()));
-    Ok((rate, client_cpu, tracker_side))
+    let per_million = |seconds: f64| seconds / n as f64 * 1e6;
+    Ok(Run {
+        rate: n as f64 / got.elapsed.as_secs_f64().max(1e-6),
+        client_cpu: per_million(
+            got.cpu_seconds
+                .unwrap_or_else(|| kafka::cpu_seconds(me) - cpu0),
+        ),
+        tracker_cpu: tracker
+            .as_ref()
+            .map(|t| per_million(t.cpu_seconds() - tcpu0)),
+        broker_cpu: broker.map(|b| per_million(kafka::cpu_seconds(b) - bcpu0)),
+        tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
+    })
 }
 
 /// One latency run: `rate` records per second offered for `span`; latencies per record.
@@ -265,20 +285,28 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     let n = plan.throughput_messages;
     let mut rates: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut broker_cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut tracker_cpu = Vec::new();
     for rep in 0..plan.reps {
         if !plan.runs(Part::Throughput) {
             break;
         }
         for &kind in &plan.kinds {
-            let (rate, client_cpu, tracker_side) =
-                throughput_run(brokers, kind, n, size, 0.0).await?;
-            eprintln!("size {size} rep {rep} {}: {rate:.0} msg/s", kind.name());
-            rates.entry(kind.name()).or_default().push(rate);
-            cpu.entry(kind.name()).or_default().push(client_cpu);
-            if let Some((t, _)) = tracker_side {
-                tracker_cpu.push(t);
+            let run = throughput_run(brokers, kind, n, size, 0.0).await?;
+            eprintln!(
+                "size {size} rep {rep} {}: {:.0} msg/s; CPU s/M client {:.2}, tracker {:.2}, broker {:.2}",
+                kind.name(),
+                run.rate,
+                run.client_cpu,
+                run.tracker_cpu.unwrap_or(0.0),
+                run.broker_cpu.unwrap_or(f64::NAN),
+            );
+            rates.entry(kind.name()).or_default().push(run.rate);
+            cpu.entry(kind.name()).or_default().push(run.client_cpu);
+            if let Some(b) = run.broker_cpu {
+                broker_cpu.entry(kind.name()).or_default().push(b);
             }
+            tracker_cpu.extend(run.tracker_cpu);
         }
     }
     for (k, v) in &rates {
@@ -286,6 +314,9 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     }
     for (k, v) in &cpu {
         r.client_cpu_per_million.insert(k, Spread::of(v));
+    }
+    for (k, v) in &broker_cpu {
+        r.broker_cpu_per_million.insert(k, Spread::of(v));
     }
     r.tracker_cpu_per_million = Spread::of(&tracker_cpu);
     r.offered_per_second = plan.offered.unwrap_or_else(|| {
@@ -330,7 +361,7 @@ async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
     let mut rates = Vec::new();
     let mut last_metrics = String::new();
     for _ in 0..plan.reps {
-        let (rate, _, tracker_side) = throughput_run(
+        let run = throughput_run(
             brokers,
             Kind::Ours,
             plan.throughput_messages / 4,
@@ -338,8 +369,8 @@ async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
             share,
         )
         .await?;
-        rates.push(rate);
-        if let Some((_, m)) = tracker_side {
+        rates.push(run.rate);
+        if let Some(m) = run.tracker_metrics {
             last_metrics = m;
         }
     }

@@ -7,17 +7,24 @@
 //!    back to that record so it is polled again;
 //! 4. hand the records with durable Starts to the application.
 //!
+//! Up to `PIPELINE_DEPTH` batches are between steps 1 and 4 at once (the next batch's Starts
+//! travel while the oldest batch waits for its own); batches are finished strictly in the order
+//! they were polled, so each batch's steps 2–4 still happen in that order.
+//!
 //! So a source offset is never committed before its Start is durable. A crash before step 3
 //! re-polls the batch (duplicate Starts, which the tracker absorbs); a crash after it leaves the
 //! Starts in the markers topic, and the tracker redelivers after the timeout.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
 use futures::future::join_all;
+use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
@@ -51,40 +58,102 @@ pub(crate) struct Poller {
     pub(crate) stop: Arc<AtomicBool>,
 }
 
+/// Batches whose Starts are on their way, at most this many at once: while the oldest waits
+/// for its Starts to become durable, the next one is polled and its Starts sent, so the round
+/// trip to the broker overlaps with useful work instead of idling the poll thread.
+const PIPELINE_DEPTH: usize = 2;
+
+/// How long the application may hold every allowed delivery before fetching pauses.
+const PAUSE_AFTER: Duration = Duration::from_millis(250);
+
+/// A polled batch whose Start markers were sent and are not all known durable yet.
+struct InFlight {
+    batch: Vec<Polled>,
+    /// Resolves to one flag per record of `batch`: its Start is durable.
+    starts: Pin<Box<dyn Future<Output = Vec<bool>> + Send>>,
+    /// Records of these partitions from these offsets on were rewound (an earlier batch's
+    /// Start failed there and the consumer seeked back): they will be polled again, so this
+    /// batch must neither hand them out nor commit past them.
+    rewound: Vec<(String, i32, i64)>,
+}
+
 impl Poller {
     pub(crate) fn run(self) {
         let mut paused = false;
+        let mut stalled_since: Option<Instant> = None;
         let mut backoff = Duration::from_millis(50);
+        let mut pipeline: VecDeque<InFlight> = VecDeque::new();
+        let max = self.config.max_unsettled;
         while !self.stop.load(Ordering::Relaxed) && !self.out.is_closed() {
-            let room = self
-                .config
-                .max_unsettled
-                .saturating_sub(self.settler.unsettled());
-            if (room == 0) != paused {
-                paused = self.set_paused(room == 0);
+            let queued: usize = pipeline.iter().map(|b| b.batch.len()).sum();
+            let room = max.saturating_sub(self.settler.unsettled() + queued);
+            // Back-pressure. A short stall (the application settles a moment later) only waits:
+            // pausing would make librdkafka drop what it has prefetched and fetch it again on
+            // resume, which under steady load costs more than it saves. A stall that lasts
+            // pauses fetching, so nothing piles up while the application is stuck; fetching
+            // resumes once half the room is free again.
+            stalled_since = if room == 0 {
+                stalled_since.or_else(|| Some(Instant::now()))
+            } else {
+                None
+            };
+            let stalled_long = stalled_since.is_some_and(|t| t.elapsed() >= PAUSE_AFTER);
+            if !paused && stalled_long {
+                paused = self.set_paused(true);
+            } else if paused && room * 2 >= max {
+                paused = self.set_paused(false);
             }
-            let limit = if paused {
-                1
-            } else {
-                room.min(self.config.max_batch)
-            };
-            let wait = if paused {
-                Duration::from_millis(10)
-            } else {
-                Duration::from_millis(100)
-            };
-            let batch = self.poll_batch(limit, wait);
-            if batch.is_empty() {
+            if room == 0 && !paused && pipeline.is_empty() {
+                self.settler.wait_for_room(Duration::from_millis(5));
                 continue;
             }
-            if self.process(batch) {
+            let mut polled_nothing = true;
+            if pipeline.len() < PIPELINE_DEPTH && (room > 0 || paused) {
+                // Paused, the poll serves rebalances; a partition assigned meanwhile is not
+                // paused yet, so at most one of its records is taken per poll.
+                let limit = if paused {
+                    1
+                } else {
+                    room.min(self.config.max_batch)
+                };
+                // With batches in flight, take only what is already fetched: the oldest batch
+                // is waiting to be handed out.
+                let wait = match (pipeline.is_empty(), paused) {
+                    (false, _) => Duration::ZERO,
+                    (true, true) => Duration::from_millis(10),
+                    (true, false) => Duration::from_millis(100),
+                };
+                let batch = self.poll_batch(limit, wait);
+                if !batch.is_empty() {
+                    polled_nothing = false;
+                    pipeline.push_back(self.start(batch));
+                }
+            }
+            let must_wait = pipeline.len() >= PIPELINE_DEPTH || polled_nothing;
+            let Some(oldest) = pipeline.front_mut() else {
+                continue;
+            };
+            let durable = if must_wait {
+                Some(block_on(oldest.starts.as_mut()))
+            } else {
+                oldest.starts.as_mut().now_or_never()
+            };
+            let Some(durable) = durable else {
+                continue;
+            };
+            let Some(oldest) = pipeline.pop_front() else {
+                continue;
+            };
+            if self.finish(oldest, durable, &mut pipeline) {
                 backoff = Duration::from_millis(50);
             } else {
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
-        tracing::debug!("poll thread stopped");
+        // Batches still in flight were neither committed nor handed out: they are polled again
+        // by whoever owns their partitions next (duplicate Starts, which the tracker absorbs).
+        tracing::debug!(unfinished = pipeline.len(), "poll thread stopped");
     }
 
     /// Pauses or resumes every assigned partition; returns the new paused state. Pausing is how
@@ -141,8 +210,8 @@ impl Poller {
         }
     }
 
-    /// Runs steps 1–4 for one batch. Returns false if some Start failed.
-    fn process(&self, batch: Vec<Polled>) -> bool {
+    /// Step 1 for one batch: queues its Start markers.
+    fn start(&self, batch: Vec<Polled>) -> InFlight {
         failpoint::hit("after-poll");
         let futures: Vec<_> = batch
             .iter()
@@ -156,13 +225,29 @@ impl Poller {
             })
             .collect();
         failpoint::hit("after-start-sent");
-        let durable: Vec<bool> = block_on(join_all(futures.into_iter().map(|f| async move {
+        let starts = join_all(futures.into_iter().map(|f| async move {
             match f {
                 Ok(f) => matches!(f.await, Ok(Ok(_))),
                 Err(_) => false,
             }
-        })));
+        }));
+        InFlight {
+            batch,
+            starts: Box::pin(starts),
+            rewound: Vec::new(),
+        }
+    }
+
+    /// Steps 2–4 for a batch whose Starts have all been answered (`durable`, per record).
+    /// Returns false if some Start failed.
+    fn finish(&self, done: InFlight, durable: Vec<bool>, later: &mut VecDeque<InFlight>) -> bool {
         failpoint::hit("after-start-durable");
+        let InFlight { batch, rewound, .. } = done;
+        let (batch, durable): (Vec<Polled>, Vec<bool>) = batch
+            .into_iter()
+            .zip(durable)
+            .filter(|(p, _)| !is_rewound(&rewound, &p.message))
+            .unzip();
         let (handed, failed) = split_at_first_failure(batch, durable);
         for (topic, partition, offset) in &failed {
             tracing::warn!(
@@ -178,6 +263,10 @@ impl Poller {
                 Duration::from_secs(5),
             ) {
                 tracing::warn!(error = %e, topic, partition, "seek back failed; the record will be re-read after the next rebalance");
+            }
+            // Batches polled before the seek hold records past it: those come again.
+            for b in later.iter_mut() {
+                b.rewound.push((topic.clone(), *partition, *offset));
             }
         }
         self.commit(&handed);
@@ -236,6 +325,13 @@ impl Poller {
             keep_alive: None,
         }
     }
+}
+
+/// Whether `m` lies in a partition range that was rewound after this batch was polled.
+fn is_rewound(rewound: &[(String, i32, i64)], m: &OwnedMessage) -> bool {
+    rewound
+        .iter()
+        .any(|(t, p, o)| t == m.topic() && *p == m.partition() && m.offset() >= *o)
 }
 
 fn source_of(m: &OwnedMessage) -> SourceRef {
@@ -304,6 +400,22 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn a_rewind_covers_its_partition_from_its_offset_on() {
+        let rewound = vec![("a".to_string(), 0, 11)];
+        let covered: Vec<_> = [
+            ("a", 0, 10),
+            ("a", 0, 11),
+            ("a", 0, 12),
+            ("a", 1, 11),
+            ("b", 0, 11),
+        ]
+        .iter()
+        .map(|&(t, p, o)| is_rewound(&rewound, &polled(t, p, o).message))
+        .collect();
+        assert_eq!(covered, vec![false, true, true, false, false]);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! (KeepAlive, End, Nack, Reject).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -18,6 +19,8 @@ pub(crate) struct Settler {
     markers_topic: String,
     markers_partitions: i32,
     unsettled: AtomicUsize,
+    /// Signalled when a delivery settles, for a poll thread waiting for room.
+    room: (Mutex<()>, Condvar),
     /// Where deliveries and settlements are announced.
     pub(crate) events: EventBus,
 }
@@ -33,6 +36,7 @@ impl Settler {
             markers_topic,
             markers_partitions,
             unsettled: AtomicUsize::new(0),
+            room: (Mutex::new(()), Condvar::new()),
             events: EventBus::default(),
         }
     }
@@ -116,6 +120,16 @@ impl Settler {
 
     pub(crate) fn settled(&self) {
         self.unsettled.fetch_sub(1, Ordering::AcqRel);
+        self.room.1.notify_one();
+    }
+
+    /// Waits until a delivery settles or `limit` passes. The notification is not taken under
+    /// the lock, so one can be missed; the short limit bounds what that costs.
+    pub(crate) fn wait_for_room(&self, limit: Duration) {
+        let Ok(guard) = self.room.0.lock() else {
+            return;
+        };
+        let _ = self.room.1.wait_timeout(guard, limit);
     }
 }
 
