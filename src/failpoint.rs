@@ -20,7 +20,10 @@ pub const TRACKER_POINTS: [&str; 1] = ["after-publish-durable"];
 /// Aborts the process if `KR_FAILPOINT` is `name` (feature `failpoints` only).
 #[cfg(feature = "failpoints")]
 pub fn hit(name: &str) {
-    if std::env::var("KR_FAILPOINT").is_ok_and(|v| v == name) {
+    // Read once: `hit` runs per record, and a test sets the variable before the process starts.
+    static ARMED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let armed = ARMED.get_or_init(|| std::env::var("KR_FAILPOINT").ok());
+    if armed.as_deref() == Some(name) {
         eprintln!("failpoint {name}: aborting");
         std::process::abort();
     }

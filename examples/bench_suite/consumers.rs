@@ -39,6 +39,14 @@ impl Kind {
     }
 }
 
+/// Records per batch for the floor and ours (ours: `max_batch`): the same for both, so the
+/// comparison is of the work per record, not of batch sizes.
+pub const BATCH: usize = 2_000;
+
+/// Ours may hold this many deliveries unsettled (`max_unsettled`): room for the batches in
+/// flight plus the acks on their way.
+const UNSETTLED: usize = 10_000;
+
 /// What one consuming run saw.
 pub struct Consumed {
     pub received: usize,
@@ -169,7 +177,7 @@ fn floor(
         let mut batch = Vec::new();
         if let Some(m) = c.poll(Duration::from_millis(100)) {
             batch.push(m?);
-            while batch.len() < 500 {
+            while batch.len() < BATCH {
                 match c.poll(Duration::ZERO) {
                     Some(m) => batch.push(m?),
                     None => break,
@@ -232,16 +240,25 @@ async fn ours(
         &topics.markers,
     )
     .timeout(Duration::from_secs(2))
-    .max_unsettled(2_000);
+    .max_batch(BATCH)
+    .max_unsettled(UNSETTLED);
     let mut c = RedeliveryConsumer::new(config)?;
     let acked = Arc::new(AtomicUsize::new(0));
     let mut lat = Vec::new();
     let started = Instant::now();
     let mut first: Option<Instant> = None;
+    let mut acking = 0usize;
     while acked.load(Ordering::Relaxed) < target.load(Ordering::Relaxed)
         && started.elapsed() < limit
     {
-        let Some(d) = c.recv_timeout(Duration::from_millis(100)).await else {
+        // Once every record is being acked, only the acks are awaited: look often, or the
+        // last wait would be counted in the elapsed time.
+        let wait = if acking >= target.load(Ordering::Relaxed) {
+            Duration::from_millis(1)
+        } else {
+            Duration::from_millis(100)
+        };
+        let Some(d) = c.recv_timeout(wait).await else {
             continue;
         };
         first.get_or_insert_with(Instant::now);
@@ -256,6 +273,7 @@ async fn ours(
                 continue;
             }
         }
+        acking += 1;
         let acked = acked.clone();
         tokio::spawn(async move {
             if d.ack().await.is_ok() {

@@ -48,6 +48,9 @@ struct Args {
     /// consumer's median throughput (which the slower consumers may not sustain).
     #[arg(long)]
     offered: Option<f64>,
+    /// Offered load (records per second) of the redelivery scenario's fixed-load runs.
+    #[arg(long, default_value_t = 10_000.0)]
+    redelivery_offered: f64,
     /// Message sizes in bytes.
     #[arg(long, value_delimiter = ',', default_value = "100,1024")]
     sizes: Vec<usize>,
@@ -83,6 +86,8 @@ struct Plan {
     offered: Option<f64>,
     alone_pairs: usize,
     alone_in_flight: usize,
+    /// Offered load of the redelivery scenario's fixed-load runs.
+    redelivery_offered: f64,
     kinds: Vec<Kind>,
     parts: Vec<Part>,
 }
@@ -98,18 +103,20 @@ impl Plan {
                 offered: args.offered,
                 alone_pairs: 5_000,
                 alone_in_flight: 5_000,
+                redelivery_offered: 1_000.0,
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
         } else {
             Plan {
                 reps: args.reps.unwrap_or(3),
-                throughput_messages: 200_000,
+                throughput_messages: 500_000,
                 latency_span: Duration::from_secs(10),
                 max_offered: f64::INFINITY,
                 offered: args.offered,
                 alone_pairs: 500_000,
                 alone_in_flight: 1_000_000,
+                redelivery_offered: args.redelivery_offered,
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
@@ -142,13 +149,25 @@ struct SizeResult {
     latency_samples: BTreeMap<&'static str, Vec<f64>>,
 }
 
+/// Deadline-to-redelivery lag from the tracker's histogram: each figure is the upper bound of
+/// the bucket holding that quantile (1, 2.5, 5, 10, 25, 50, 100, 250, 500 ms, 1 s, ...).
+#[derive(Debug, Default, Serialize)]
+struct Lag {
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    max_bucket_ms: Option<f64>,
+    redeliveries: f64,
+}
+
 #[derive(Debug, Default, Serialize)]
 struct Redelivery {
     unsettled_share: f64,
+    /// Flat out: messages per second, and the lag while the client takes the CPU.
     throughput: Spread,
-    deadline_to_redelivery_p50_ms: Option<f64>,
-    deadline_to_redelivery_p99_ms: Option<f64>,
-    deadline_to_redelivery_max_bucket_ms: Option<f64>,
+    flat_out: Lag,
+    /// At a fixed offered load the machine sustains.
+    offered_per_second: f64,
+    at_offered_load: Lag,
 }
 
 #[derive(Debug, Serialize)]
@@ -221,17 +240,27 @@ async fn throughput_run(
     })
 }
 
+/// What one latency run measured.
+struct LatencyRun {
+    /// Produce-to-handout latency of each offered record, in ms.
+    latencies_ms: Vec<f64>,
+    /// The tracker's `/metrics` at the end (ours).
+    tracker_metrics: Option<String>,
+}
+
 /// One latency run: `rate` records per second offered for `span`; latencies per record.
+/// `unsettled` is the share of first deliveries ours leaves unacked (redelivered).
 async fn latency_run(
     brokers: &str,
     kind: Kind,
     rate: f64,
     span: Duration,
     size: usize,
-) -> Result<Vec<f64>, Error> {
+    unsettled: f64,
+) -> Result<LatencyRun, Error> {
     let topics = kafka::topics(brokers).await?;
     let source = topics.source.clone();
-    let _tracker = match kind {
+    let tracker = match kind {
         Kind::Ours => Some(
             TrackerProcess::start(brokers, &topics.markers, &kafka::unique("bench-tracker"))?.0,
         ),
@@ -243,7 +272,9 @@ async fn latency_run(
         let (b, target, seen) = (brokers.to_string(), target.clone(), seen.clone());
         // A consumer that cannot keep up drains its backlog after the load stops; bounded.
         let limit = span + Duration::from_secs(300);
-        tokio::spawn(async move { consume(kind, &b, &topics, target, seen, limit, 0.0).await })
+        tokio::spawn(
+            async move { consume(kind, &b, &topics, target, seen, limit, unsettled).await },
+        )
     };
     // One record first, so the group has formed before the timed load starts.
     kafka::preload(brokers, &source, 1, size).await?;
@@ -264,7 +295,10 @@ async fn latency_run(
     if got.received < sent + 1 {
         return Err(format!("{} received {} of {}", kind.name(), got.received, sent + 1).into());
     }
-    Ok(got.latencies_ms.into_iter().skip(1).collect())
+    Ok(LatencyRun {
+        latencies_ms: got.latencies_ms.into_iter().skip(1).collect(),
+        tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
+    })
 }
 
 fn machine() -> String {
@@ -329,8 +363,16 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
             break;
         }
         for &kind in &plan.kinds {
-            let lat =
-                latency_run(brokers, kind, r.offered_per_second, plan.latency_span, size).await?;
+            let lat = latency_run(
+                brokers,
+                kind,
+                r.offered_per_second,
+                plan.latency_span,
+                size,
+                0.0,
+            )
+            .await?
+            .latencies_ms;
             let l = Latency::of(lat.clone());
             eprintln!(
                 "size {size} rep {rep} {} at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms",
@@ -356,10 +398,14 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     Ok(r)
 }
 
+/// Scenario 6: ours with a share of deliveries left unacked. Flat out (preloaded, as fast as
+/// it goes: the tracker's redeliveries compete with the client for the CPU), and at a fixed
+/// offered load that the machine sustains, where the deadline-to-redelivery lag shows what
+/// the tracker itself adds.
 async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
     let share = 0.1;
     let mut rates = Vec::new();
-    let mut last_metrics = String::new();
+    let mut flat_out = Vec::new();
     for _ in 0..plan.reps {
         let run = throughput_run(
             brokers,
@@ -369,17 +415,35 @@ async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
             share,
         )
         .await?;
+        eprintln!("redelivery flat out: {:.0} msg/s", run.rate);
         rates.push(run.rate);
-        if let Some(m) = run.tracker_metrics {
-            last_metrics = m;
-        }
+        flat_out.extend(run.tracker_metrics);
     }
+    let mut steady = Vec::new();
+    for _ in 0..plan.reps {
+        let run = latency_run(
+            brokers,
+            Kind::Ours,
+            plan.redelivery_offered,
+            plan.latency_span,
+            100,
+            share,
+        )
+        .await?;
+        steady.extend(run.tracker_metrics);
+    }
+    let lag = |metrics: &[String]| Lag {
+        p50_ms: tracker::lag_quantile_ms(metrics, 0.5),
+        p99_ms: tracker::lag_quantile_ms(metrics, 0.99),
+        max_bucket_ms: tracker::lag_quantile_ms(metrics, 1.0),
+        redeliveries: tracker::lag_count(metrics),
+    };
     Ok(Redelivery {
         unsettled_share: share,
         throughput: Spread::of(&rates),
-        deadline_to_redelivery_p50_ms: tracker::lag_quantile_ms(&last_metrics, 0.5),
-        deadline_to_redelivery_p99_ms: tracker::lag_quantile_ms(&last_metrics, 0.99),
-        deadline_to_redelivery_max_bucket_ms: tracker::lag_quantile_ms(&last_metrics, 1.0),
+        flat_out: lag(&flat_out),
+        offered_per_second: plan.redelivery_offered,
+        at_offered_load: lag(&steady),
     })
 }
 

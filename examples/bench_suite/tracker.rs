@@ -73,15 +73,29 @@ impl TrackerProcess {
         extra: &[&str],
     ) -> Result<(Self, Duration), Error> {
         let admin = format!("127.0.0.1:{}", free_port()?);
+        // BENCH_TRACKER_LOGS=DIR keeps each tracker's debug log there (for profiling a run).
+        let log = match std::env::var_os("BENCH_TRACKER_LOGS") {
+            Some(dir) => Some(std::fs::File::create(
+                std::path::Path::new(&dir).join(format!("{group}.log")),
+            )?),
+            None => None,
+        };
         let started = Instant::now();
         let child = Command::new(binary()?)
             .args(["run", "--brokers", brokers, "--markers-topic", markers])
             .args(["--group-id", group, "--admin-listen", &admin])
             .args(["--commit-interval", "1s", "--max-deliveries", "100"])
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                if log.is_some() {
+                    "info,kafka_redelivery=debug"
+                } else {
+                    "warn"
+                },
+            )
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log.map_or_else(Stdio::null, Stdio::from))
             .spawn()?;
         let t = TrackerProcess { child, admin };
         while http_get(&t.admin, "/readyz").map(|r| r.0) != Some(200) {
@@ -125,20 +139,40 @@ impl TrackerProcess {
 
 /// Deadline-to-redelivery quantile `q` in ms, from the tracker's histogram: the upper bound
 /// of the bucket holding it (the histogram's resolution).
-pub fn lag_quantile_ms(metrics: &str, q: f64) -> Option<f64> {
-    let buckets: Vec<(f64, f64)> = metrics
-        .lines()
-        .filter_map(|l| l.strip_prefix("redelivery_deadline_lag_seconds_bucket{le=\""))
-        .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, count.trim().parse().ok()?))
-        })
-        .collect();
+fn lag_buckets(metrics: &[String]) -> Vec<(f64, f64)> {
+    let mut sum: Vec<(f64, f64)> = Vec::new();
+    for text in metrics {
+        let buckets = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("redelivery_deadline_lag_seconds_bucket{le=\""))
+            .filter_map(|rest| {
+                let (le, count) = rest.split_once("\"} ")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, count.trim().parse::<f64>().ok()?))
+            });
+        for (i, (le, count)) in buckets.enumerate() {
+            match sum.get_mut(i) {
+                Some(b) => b.1 += count,
+                None => sum.push((le, count)),
+            }
+        }
+    }
+    sum
+}
+
+/// How many lags the tracker's histograms in `metrics` recorded, summed.
+pub fn lag_count(metrics: &[String]) -> f64 {
+    lag_buckets(metrics).last().map_or(0.0, |b| b.1)
+}
+
+/// The deadline-to-redelivery lag at quantile `q` in ms, from the tracker histograms in
+/// `metrics` (summed): the upper bound of the bucket that holds it.
+pub fn lag_quantile_ms(metrics: &[String], q: f64) -> Option<f64> {
+    let buckets = lag_buckets(metrics);
     let total = buckets.last()?.1;
     if total == 0.0 {
         return None;

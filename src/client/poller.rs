@@ -26,7 +26,7 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
@@ -40,9 +40,13 @@ use super::delivery::Delivery;
 use super::retry::RetryPolicy;
 use super::settler::Settler;
 
-/// A polled record, owned, with what the Start marker needs.
+/// A polled record, copied once out of librdkafka's buffer: what the Start marker and the
+/// delivery need, moved (not copied again) into the delivery.
 struct Polled {
-    message: OwnedMessage,
+    source: SourceRef,
+    timestamp_ms: Option<i64>,
+    key: Option<Vec<u8>>,
+    payload: Option<Vec<u8>>,
     headers: HeaderList,
     attempt: u32,
     timeout: Duration,
@@ -182,7 +186,7 @@ impl Poller {
         while batch.len() < limit {
             match self.consumer.poll(timeout) {
                 None => break,
-                Some(Ok(m)) => batch.push(self.polled(m.detach())),
+                Some(Ok(m)) => batch.push(self.polled(&m)),
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, "consumer error");
                     break;
@@ -193,7 +197,7 @@ impl Poller {
         batch
     }
 
-    fn polled(&self, message: OwnedMessage) -> Polled {
+    fn polled(&self, message: &BorrowedMessage<'_>) -> Polled {
         let headers = headers::from_kafka(message.headers());
         let attempt = headers::text(&headers, headers::ATTEMPT)
             .and_then(|a| a.parse().ok())
@@ -203,7 +207,10 @@ impl Poller {
             .and_then(|t| t.parse().ok())
             .map_or(self.config.default_timeout, Duration::from_millis);
         Polled {
-            message,
+            source: source_of(message),
+            timestamp_ms: message.timestamp().to_millis(),
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().map(<[u8]>::to_vec),
             headers,
             attempt,
             timeout,
@@ -217,7 +224,7 @@ impl Poller {
             .iter()
             .map(|p| {
                 let marker = Marker::Start {
-                    source: source_of(&p.message),
+                    source: p.source.clone(),
                     timeout_ms: duration_to_ms_u32(p.timeout),
                     attempt: p.attempt,
                 };
@@ -246,7 +253,7 @@ impl Poller {
         let (batch, durable): (Vec<Polled>, Vec<bool>) = batch
             .into_iter()
             .zip(durable)
-            .filter(|(p, _)| !is_rewound(&rewound, &p.message))
+            .filter(|(p, _)| !is_rewound(&rewound, &p.source))
             .unzip();
         let (handed, failed) = split_at_first_failure(batch, durable);
         for (topic, partition, offset) in &failed {
@@ -286,9 +293,9 @@ impl Poller {
         let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
         for p in handed {
             let e = next
-                .entry((p.message.topic(), p.message.partition()))
+                .entry((p.source.topic.as_str(), p.source.partition))
                 .or_insert(0);
-            *e = (*e).max(p.message.offset() + 1);
+            *e = (*e).max(p.source.offset + 1);
         }
         let mut tpl = TopicPartitionList::new();
         for ((topic, partition), offset) in next {
@@ -305,17 +312,16 @@ impl Poller {
     }
 
     fn delivery(&self, p: Polled) -> Delivery {
-        let source = source_of(&p.message);
         let original = headers::original(&p.headers);
         self.settler
             .events
-            .emit(|| Event::new(EventKind::Delivered, source.clone(), p.attempt));
+            .emit(|| Event::new(EventKind::Delivered, p.source.clone(), p.attempt));
         Delivery {
-            timestamp_ms: p.message.timestamp().to_millis(),
-            key: p.message.key().map(<[u8]>::to_vec),
-            payload: p.message.payload().map(<[u8]>::to_vec),
+            timestamp_ms: p.timestamp_ms,
+            key: p.key,
+            payload: p.payload,
             headers: p.headers,
-            source,
+            source: p.source,
             attempt: p.attempt,
             original,
             timeout: p.timeout,
@@ -328,13 +334,13 @@ impl Poller {
 }
 
 /// Whether `m` lies in a partition range that was rewound after this batch was polled.
-fn is_rewound(rewound: &[(String, i32, i64)], m: &OwnedMessage) -> bool {
+fn is_rewound(rewound: &[(String, i32, i64)], s: &SourceRef) -> bool {
     rewound
         .iter()
-        .any(|(t, p, o)| t == m.topic() && *p == m.partition() && m.offset() >= *o)
+        .any(|(t, p, o)| *t == s.topic && *p == s.partition && s.offset >= *o)
 }
 
-fn source_of(m: &OwnedMessage) -> SourceRef {
+fn source_of(m: &BorrowedMessage<'_>) -> SourceRef {
     SourceRef::new(m.topic(), m.partition(), m.offset())
 }
 
@@ -347,17 +353,17 @@ fn split_at_first_failure(
     let mut first_failure: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for (p, ok) in batch.iter().zip(&durable) {
         if !ok {
-            let key = (p.message.topic().to_string(), p.message.partition());
+            let key = (p.source.topic.clone(), p.source.partition);
             let e = first_failure.entry(key).or_insert(i64::MAX);
-            *e = (*e).min(p.message.offset());
+            *e = (*e).min(p.source.offset);
         }
     }
     let handed = batch
         .into_iter()
         .filter(|p| {
             first_failure
-                .get(&(p.message.topic().to_string(), p.message.partition()))
-                .is_none_or(|&f| p.message.offset() < f)
+                .get(&(p.source.topic.clone(), p.source.partition))
+                .is_none_or(|&f| p.source.offset < f)
         })
         .collect();
     let failed = first_failure
@@ -370,19 +376,13 @@ fn split_at_first_failure(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkafka::Timestamp;
 
     fn polled(topic: &str, partition: i32, offset: i64) -> Polled {
         Polled {
-            message: OwnedMessage::new(
-                None,
-                None,
-                topic.into(),
-                Timestamp::NotAvailable,
-                partition,
-                offset,
-                None,
-            ),
+            source: SourceRef::new(topic, partition, offset),
+            timestamp_ms: None,
+            key: None,
+            payload: None,
             headers: Vec::new(),
             attempt: 1,
             timeout: Duration::from_secs(1),
@@ -392,13 +392,7 @@ mod tests {
     fn coords(batch: &[Polled]) -> Vec<(String, i32, i64)> {
         batch
             .iter()
-            .map(|p| {
-                (
-                    p.message.topic().to_string(),
-                    p.message.partition(),
-                    p.message.offset(),
-                )
-            })
+            .map(|p| (p.source.topic.clone(), p.source.partition, p.source.offset))
             .collect()
     }
 
@@ -413,7 +407,7 @@ mod tests {
             ("b", 0, 11),
         ]
         .iter()
-        .map(|&(t, p, o)| is_rewound(&rewound, &polled(t, p, o).message))
+        .map(|&(t, p, o)| is_rewound(&rewound, &polled(t, p, o).source))
         .collect();
         assert_eq!(covered, vec![false, true, true, false, false]);
     }

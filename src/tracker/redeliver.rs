@@ -207,7 +207,9 @@ impl Redeliverer {
             }
         }
         let origin_of = |e: &Expiry| origins.get(&e.source).copied();
+        let pass = PassTiming::start(&origins, expiries.len());
         let mut pending = self.read_sources(expiries);
+        let read = pass.started.elapsed();
         if self.stopping() {
             return;
         }
@@ -215,6 +217,7 @@ impl Redeliverer {
         let Some(refused) = self.send_copies(&mut pending) else {
             return;
         };
+        let copied = pass.started.elapsed();
         // Only a delivery whose copy is durable gets its End; one without a copy (never read,
         // which happens only when stopping) stays in flight untouched.
         let (done, refused): (Vec<(Pending, Option<String>)>, Vec<_>) = pending
@@ -256,6 +259,7 @@ impl Redeliverer {
             }
         }
         self.sender().send_all(&ends);
+        pass.log(read, copied);
     }
 
     /// Produces every copy; a copy to the source refused for good goes to the dead-letter
@@ -375,10 +379,38 @@ impl Redeliverer {
                 .or_default()
                 .push(e);
         }
-        let mut out = Vec::new();
-        for ((topic, partition), mut group) in groups {
+        for group in groups.values_mut() {
             group.sort_by_key(|e| e.source.offset);
-            let mut results = self.read_group(&topic, partition, &group);
+        }
+        // First every partition of a topic at once; what that cannot finish, one by one.
+        let mut read: BTreeMap<(String, i32), BTreeMap<i64, ReadOutcome>> = BTreeMap::new();
+        let mut topics: BTreeMap<&str, Vec<(i32, Vec<i64>)>> = BTreeMap::new();
+        for ((topic, partition), group) in &groups {
+            let mut offsets: Vec<i64> = group.iter().map(|e| e.source.offset).collect();
+            offsets.dedup();
+            topics.entry(topic).or_default().push((*partition, offsets));
+        }
+        for (topic, wanted) in topics {
+            if self.stopping() {
+                break;
+            }
+            for (partition, outcomes) in self.reader.read_partitions(topic, &wanted) {
+                read.entry((topic.to_string(), partition))
+                    .or_default()
+                    .extend(outcomes);
+            }
+        }
+        let mut out = Vec::new();
+        for ((topic, partition), group) in groups {
+            let mut results = read.remove(&(topic.clone(), partition)).unwrap_or_default();
+            let rest: Vec<Expiry> = group
+                .iter()
+                .filter(|e| !results.contains_key(&e.source.offset))
+                .cloned()
+                .collect();
+            if !rest.is_empty() {
+                results.extend(self.read_group(&topic, partition, &rest));
+            }
             for e in group {
                 let action = decide(&e, self.config.max_deliveries);
                 let outcome = results.remove(&e.source.offset);
@@ -517,4 +549,38 @@ fn home_topic(p: &Pending) -> &str {
     p.record
         .as_ref()
         .map_or(p.expiry.source.topic.as_str(), |m| m.topic())
+}
+
+/// Where a redelivery pass spent its time, logged at debug level: how long its oldest job
+/// waited in the queue, then reading the sources, producing the copies, and writing the Ends.
+struct PassTiming {
+    started: Instant,
+    expiries: usize,
+    queued_for: Duration,
+}
+
+impl PassTiming {
+    fn start(origins: &HashMap<SourceRef, Origin>, expiries: usize) -> Self {
+        let queued_for = origins
+            .values()
+            .map(|o| o.taken_at.elapsed())
+            .max()
+            .unwrap_or_default();
+        PassTiming {
+            started: Instant::now(),
+            expiries,
+            queued_for,
+        }
+    }
+
+    fn log(&self, read: Duration, copied: Duration) {
+        tracing::debug!(
+            expiries = self.expiries,
+            queued_ms = self.queued_for.as_secs_f64() * 1e3,
+            read_ms = read.as_secs_f64() * 1e3,
+            copies_ms = (copied - read).as_secs_f64() * 1e3,
+            ends_ms = (self.started.elapsed() - copied).as_secs_f64() * 1e3,
+            "redelivery pass"
+        );
+    }
 }
