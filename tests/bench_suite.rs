@@ -27,7 +27,10 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
                 .as_f64()
                 .unwrap();
             assert!(rate > 0.0, "{size} {kind}: {json}");
-            assert!(json["sizes"][size]["latency_p99_ms"][kind]["median"].is_number());
+            for load in ["half_plain", "sustained"] {
+                let p99 = &json["sizes"][size]["latency"][load]["p99_ms"][kind]["median"];
+                assert!(p99.is_number(), "{size} {kind} {load}: {json}");
+            }
         }
     }
     // kmq runs only where it resolves; the report says which (issue 5).
@@ -36,6 +39,12 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
         "{json}"
     );
     assert!(json["redelivery"]["throughput"]["median"].as_f64().unwrap() > 0.0);
+    assert!(
+        json["redelivery"]["at_offered_load"]["redeliveries"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     assert!(
         json["tracker_alone"]["markers_per_second"]
             .as_f64()
@@ -50,8 +59,10 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
     );
     for plot in [
         "throughput.png",
-        "latency-cdf-100.png",
-        "latency-cdf-1024.png",
+        "latency-cdf-100-half_plain.png",
+        "latency-cdf-100-sustained.png",
+        "latency-cdf-1024-half_plain.png",
+        "latency-cdf-1024-sustained.png",
     ] {
         let bytes = std::fs::read(out.path().join(plot)).unwrap();
         assert_eq!(&bytes[1..4], b"PNG", "{plot} is not a PNG");

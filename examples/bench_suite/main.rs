@@ -48,6 +48,9 @@ struct Args {
     /// consumer's median throughput (which the slower consumers may not sustain).
     #[arg(long)]
     offered: Option<f64>,
+    /// A second latency load that every consumer sustains (records per second; 0: none).
+    #[arg(long, default_value_t = 20_000.0)]
+    sustained: f64,
     /// Offered load (records per second) of the redelivery scenario's fixed-load runs.
     #[arg(long, default_value_t = 10_000.0)]
     redelivery_offered: f64,
@@ -88,6 +91,8 @@ struct Plan {
     alone_in_flight: usize,
     /// Offered load of the redelivery scenario's fixed-load runs.
     redelivery_offered: f64,
+    /// The second, sustainable latency load.
+    sustained: f64,
     kinds: Vec<Kind>,
     parts: Vec<Part>,
 }
@@ -104,6 +109,7 @@ impl Plan {
                 alone_pairs: 5_000,
                 alone_in_flight: 5_000,
                 redelivery_offered: 1_000.0,
+                sustained: args.sustained.min(1_000.0),
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
@@ -111,12 +117,13 @@ impl Plan {
             Plan {
                 reps: args.reps.unwrap_or(3),
                 throughput_messages: 500_000,
-                latency_span: Duration::from_secs(10),
+                latency_span: Duration::from_secs(5),
                 max_offered: f64::INFINITY,
                 offered: args.offered,
                 alone_pairs: 500_000,
                 alone_in_flight: 1_000_000,
                 redelivery_offered: args.redelivery_offered,
+                sustained: args.sustained,
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
@@ -141,12 +148,20 @@ struct SizeResult {
     /// CPU seconds per million messages of the broker process (when its pid is known): share
     /// groups move work from the client to the broker, so this belongs in the comparison.
     broker_cpu_per_million: BTreeMap<&'static str, Spread>,
-    /// The offered load of the latency runs: half the plain consumer's median throughput.
+    /// Produce-to-handout latency per offered load: `half_plain` (half the plain consumer's
+    /// median throughput, as specified) and `sustained` (a load every consumer keeps up with,
+    /// so the figures are latencies rather than backlogs).
+    latency: BTreeMap<&'static str, LoadResult>,
+}
+
+/// Latency at one offered load.
+#[derive(Debug, Default, Serialize)]
+struct LoadResult {
     offered_per_second: f64,
-    latency_p50_ms: BTreeMap<&'static str, Spread>,
-    latency_p99_ms: BTreeMap<&'static str, Spread>,
+    p50_ms: BTreeMap<&'static str, Spread>,
+    p99_ms: BTreeMap<&'static str, Spread>,
     #[serde(skip)]
-    latency_samples: BTreeMap<&'static str, Vec<f64>>,
+    samples: BTreeMap<&'static str, Vec<f64>>,
 }
 
 /// Deadline-to-redelivery lag from the tracker's histogram: each figure is the upper bound of
@@ -353,47 +368,58 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
         r.broker_cpu_per_million.insert(k, Spread::of(v));
     }
     r.tracker_cpu_per_million = Spread::of(&tracker_cpu);
-    r.offered_per_second = plan.offered.unwrap_or_else(|| {
+    if !plan.runs(Part::Latency) {
+        return Ok(r);
+    }
+    let half_plain = plan.offered.unwrap_or_else(|| {
         (r.throughput.get("plain").map_or(1000.0, |s| s.median) / 2.0).min(plan.max_offered)
     });
+    let mut loads = vec![("half_plain", half_plain)];
+    if plan.sustained > 0.0 {
+        loads.push(("sustained", plan.sustained.min(plan.max_offered)));
+    }
+    for (name, offered) in loads {
+        let l = latency_at(brokers, plan, size, offered).await?;
+        r.latency.insert(name, l);
+    }
+    Ok(r)
+}
+
+/// Latency runs of every consumer at one offered load, alternating, `plan.reps` times.
+async fn latency_at(
+    brokers: &str,
+    plan: &Plan,
+    size: usize,
+    offered: f64,
+) -> Result<LoadResult, Error> {
+    let mut r = LoadResult {
+        offered_per_second: offered,
+        ..LoadResult::default()
+    };
     let mut p50: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut p99: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for rep in 0..plan.reps {
-        if !plan.runs(Part::Latency) {
-            break;
-        }
         for &kind in &plan.kinds {
-            let lat = latency_run(
-                brokers,
-                kind,
-                r.offered_per_second,
-                plan.latency_span,
-                size,
-                0.0,
-            )
-            .await?
-            .latencies_ms;
+            let lat = latency_run(brokers, kind, offered, plan.latency_span, size, 0.0)
+                .await?
+                .latencies_ms;
             let l = Latency::of(lat.clone());
             eprintln!(
-                "size {size} rep {rep} {} at {:.0}/s: p50 {:.1} ms, p99 {:.1} ms",
+                "size {size} rep {rep} {} at {offered:.0}/s: p50 {:.1} ms, p99 {:.1} ms",
                 kind.name(),
-                r.offered_per_second,
                 l.p50,
                 l.p99
             );
             p50.entry(kind.name()).or_default().push(l.p50);
             p99.entry(kind.name()).or_default().push(l.p99);
-            r.latency_samples
-                .entry(kind.name())
-                .or_default()
-                .extend(lat);
+            r.samples.entry(kind.name()).or_default().extend(lat);
         }
     }
     for (k, v) in &p50 {
-        r.latency_p50_ms.insert(k, Spread::of(v));
+        r.p50_ms.insert(k, Spread::of(v));
     }
     for (k, v) in &p99 {
-        r.latency_p99_ms.insert(k, Spread::of(v));
+        r.p99_ms.insert(k, Spread::of(v));
     }
     Ok(r)
 }
@@ -465,24 +491,26 @@ fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
         )?;
     }
     for (size, r) in &results.sizes {
-        let series: Vec<(String, Vec<(f64, f64)>)> = Kind::ALL
-            .iter()
-            .filter_map(|k| {
-                let samples = r.latency_samples.get(k.name())?;
-                Some((k.name().to_string(), stats::cdf(samples, 400)))
-            })
-            .collect();
-        if series.is_empty() {
-            continue;
+        for (load, l) in &r.latency {
+            let series: Vec<(String, Vec<(f64, f64)>)> = Kind::ALL
+                .iter()
+                .filter_map(|k| {
+                    let samples = l.samples.get(k.name())?;
+                    Some((k.name().to_string(), stats::cdf(samples, 400)))
+                })
+                .collect();
+            if series.is_empty() {
+                continue;
+            }
+            plot::latency_cdf(
+                &out.join(format!("latency-cdf-{size}-{load}.png")),
+                &format!(
+                    "Produce to handout, {size}-byte records at {:.0}/s",
+                    l.offered_per_second
+                ),
+                &series,
+            )?;
         }
-        plot::latency_cdf(
-            &out.join(format!("latency-cdf-{size}.png")),
-            &format!(
-                "Produce to handout, {size}-byte records at {:.0}/s",
-                r.offered_per_second
-            ),
-            &series,
-        )?;
     }
     Ok(())
 }
