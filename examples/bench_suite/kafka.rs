@@ -62,6 +62,31 @@ pub async fn topics(brokers: &str) -> Result<Topics, Error> {
     Ok(Topics { source, markers })
 }
 
+impl Topics {
+    /// Every topic a run on these may have made: source, markers, dead letters, the floor's
+    /// side topic and a snapshots topic.
+    pub fn all(&self) -> Vec<String> {
+        vec![
+            self.source.clone(),
+            format!("{}.dlq", self.source),
+            format!("{}.floor", self.source),
+            self.markers.clone(),
+            format!("{}.snapshots", self.markers),
+        ]
+    }
+}
+
+/// Deletes topics a run made, so that a full suite (gigabytes of records at the specified
+/// loads) does not fill the broker's disk. Missing topics and failures are ignored: the
+/// broker is wiped at its next fresh start anyway.
+pub async fn drop_topics(brokers: &str, names: &[String]) {
+    let Ok(admin) = client(brokers).create::<AdminClient<DefaultClientContext>>() else {
+        return;
+    };
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
+}
+
 fn producer(brokers: &str) -> Result<FutureProducer, Error> {
     Ok(client(brokers)
         .set("linger.ms", "5")

@@ -221,6 +221,7 @@ async fn throughput_run(
 ) -> Result<Run, Error> {
     let topics = kafka::topics(brokers).await?;
     kafka::preload(brokers, &topics.source, n, size).await?;
+    let names = topics.all();
     let tracker = match kind {
         Kind::Ours => Some(
             TrackerProcess::start(brokers, &topics.markers, &kafka::unique("bench-tracker"))?.0,
@@ -241,7 +242,7 @@ async fn throughput_run(
         return Err(format!("{} consumed {} of {n}", kind.name(), got.received).into());
     }
     let per_million = |seconds: f64| seconds / n as f64 * 1e6;
-    Ok(Run {
+    let run = Run {
         rate: n as f64 / got.elapsed.as_secs_f64().max(1e-6),
         client_cpu: per_million(
             got.cpu_seconds
@@ -252,7 +253,10 @@ async fn throughput_run(
             .map(|t| per_million(t.cpu_seconds() - tcpu0)),
         broker_cpu: broker.map(|b| per_million(kafka::cpu_seconds(b) - bcpu0)),
         tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
-    })
+    };
+    drop(tracker);
+    kafka::drop_topics(brokers, &names).await;
+    Ok(run)
 }
 
 /// What one latency run measured.
@@ -275,6 +279,7 @@ async fn latency_run(
 ) -> Result<LatencyRun, Error> {
     let topics = kafka::topics(brokers).await?;
     let source = topics.source.clone();
+    let names = topics.all();
     let tracker = match kind {
         Kind::Ours => Some(
             TrackerProcess::start(brokers, &topics.markers, &kafka::unique("bench-tracker"))?.0,
@@ -310,10 +315,13 @@ async fn latency_run(
     if got.received < sent + 1 {
         return Err(format!("{} received {} of {}", kind.name(), got.received, sent + 1).into());
     }
-    Ok(LatencyRun {
+    let run = LatencyRun {
         latencies_ms: got.latencies_ms.into_iter().skip(1).collect(),
         tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
-    })
+    };
+    drop(tracker);
+    kafka::drop_topics(brokers, &names).await;
+    Ok(run)
 }
 
 fn machine() -> String {

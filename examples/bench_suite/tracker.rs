@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use kafka_redelivery::marker::{encode, markers_partition, Marker, SourceRef};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use super::kafka::{client, cpu_seconds, create, resident_bytes, unique, PARTITIONS};
+use super::kafka::{client, cpu_seconds, create, drop_topics, resident_bytes, unique, PARTITIONS};
 use super::Error;
 
 /// A running `redelivery-tracker run`, killed when dropped.
@@ -314,6 +314,8 @@ pub async fn alone(brokers: &str, pairs: usize, in_flight: usize) -> Result<Alon
     t.stop();
     let (t, from_snapshot) = TrackerProcess::start_with(brokers, &held_topic, &group, &snap)?;
     drop(t);
+    let snapshots = format!("{held_topic}.snapshots");
+    drop_topics(brokers, &[idle_topic, replay_topic, held_topic, snapshots]).await;
     Ok(Alone {
         markers_applied: applied,
         markers_per_second: applied as f64 / replay.as_secs_f64(),
