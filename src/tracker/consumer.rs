@@ -455,8 +455,15 @@ impl MarkersLoop {
                 redeliveries: p.redeliveries,
                 committed_offset: p.committed,
             });
-            if let Some(topic) = &snapshots {
+            if snapshots.is_some() {
                 snapshotting::poll_in_flight(p, &self.metrics);
+            }
+            // One summary per partition and interval serves the gauges, the snapshot decision
+            // and the commit: each is a walk over every entry.
+            let Some(oldest) = s.as_ref().map(|s| s.commit_offset) else {
+                continue;
+            };
+            if let Some(topic) = &snapshots {
                 snapshotting::maybe_start(
                     p,
                     &self.config,
@@ -464,11 +471,10 @@ impl MarkersLoop {
                     &self.producer,
                     &self.metrics,
                     now,
+                    oldest,
                 );
             }
-            let Some((offset, metadata)) = p.commit_point(now_ms) else {
-                continue;
-            };
+            let (offset, metadata) = p.commit_point_from(oldest);
             if p.committed != Some(offset) {
                 add_commit(&mut tpl, &self.config.markers_topic, p.id, offset, metadata);
                 p.committed = Some(offset);

@@ -108,10 +108,16 @@ impl OwnedPartition {
     pub fn commit_point(&mut self, now_ms: i64) -> Option<(i64, Option<String>)> {
         let next = self.next_offset?;
         let oldest = self.state.summary(next, now_ms).commit_offset;
-        Some(match self.snapshot {
+        Some(self.commit_point_from(oldest))
+    }
+
+    /// [`Self::commit_point`] from a summary's commit offset the caller already has (a
+    /// summary walks every entry; the periodic commit needs it for its gauges anyway).
+    pub fn commit_point_from(&self, oldest: i64) -> (i64, Option<String>) {
+        match self.snapshot {
             Some(s) => (oldest.max(s.covers), Some(s.to_metadata())),
             None => (oldest, None),
-        })
+        }
     }
 
     /// Whether replay is over.

@@ -93,6 +93,7 @@ pub fn maybe_start(
     producer: &FutureProducer,
     metrics: &Metrics,
     now: Instant,
+    oldest: i64,
 ) {
     if config.snapshot_after_markers == 0
         || !p.is_ready()
@@ -103,8 +104,7 @@ pub fn maybe_start(
         return;
     }
     let Some(next) = p.next_offset else { return };
-    let now_ms = p.clock.now_ms(now).unwrap_or(0);
-    let commit = p.commit_point(now_ms).map_or(next, |(offset, _)| offset);
+    let (commit, _) = p.commit_point_from(oldest);
     let replay = u64::try_from(next - commit).unwrap_or(0);
     if replay < config.snapshot_after_markers {
         return;
