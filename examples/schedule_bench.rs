@@ -18,14 +18,20 @@ use clap::{Parser, Subcommand};
 use kafka_redelivery::client::{ScheduledRecord, Scheduler, SchedulerConfig};
 use kafka_redelivery::marker::{encode, Marker};
 use kafka_redelivery::tracker::{Tracker, TrackerConfig};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-type Error = Box<dyn std::error::Error>;
+/// Topic creation and /proc readings, shared with the benchmark suite (whose other helpers
+/// this benchmark does not use).
+#[path = "bench_suite/kafka.rs"]
+#[allow(dead_code)]
+mod kafka;
+
+use kafka::{create, unique};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser)]
 struct Args {
@@ -82,29 +88,6 @@ fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", rand::random::<u32>())
-}
-
-async fn create(
-    brokers: &str,
-    name: &str,
-    partitions: i32,
-    config: &[(&str, &str)],
-) -> Result<(), Error> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    for (k, v) in config {
-        topic = topic.set(k, v);
-    }
-    for r in admin.create_topics(&[topic], &AdminOptions::new()).await? {
-        r.map_err(|(t, e)| format!("creating {t}: {e}"))?;
-    }
-    Ok(())
 }
 
 /// A new topic named `{prefix}-{random}` whose timestamps are the broker's append times.
@@ -379,10 +362,7 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Resident set size of this process, from `/proc/self/statm` (0 where unavailable).
+/// Resident set size of this process.
 fn resident_bytes() -> usize {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1)?.parse::<usize>().ok())
-        .map_or(0, |pages| pages * 4096)
+    usize::try_from(kafka::resident_bytes(std::process::id())).unwrap_or(usize::MAX)
 }

@@ -195,6 +195,7 @@ impl Redeliverer {
     fn handle(&mut self, jobs: Vec<Job>) {
         let mut origins: HashMap<SourceRef, Origin> = HashMap::new();
         let mut expiries = Vec::new();
+        let oldest_job = jobs.iter().map(|j| j.taken_at).min();
         for job in jobs {
             let origin = Origin {
                 markers_partition: job.markers_partition,
@@ -207,7 +208,7 @@ impl Redeliverer {
             }
         }
         let origin_of = |e: &Expiry| origins.get(&e.source).copied();
-        let pass = PassTiming::start(&origins, expiries.len());
+        let pass = PassTiming::start(oldest_job, expiries.len());
         let mut pending = self.read_sources(expiries);
         let read = pass.started.elapsed();
         if self.stopping() {
@@ -560,12 +561,9 @@ struct PassTiming {
 }
 
 impl PassTiming {
-    fn start(origins: &HashMap<SourceRef, Origin>, expiries: usize) -> Self {
-        let queued_for = origins
-            .values()
-            .map(|o| o.taken_at.elapsed())
-            .max()
-            .unwrap_or_default();
+    /// `oldest_job`: when the first of the merged jobs was taken from the deadline heap.
+    fn start(oldest_job: Option<Instant>, expiries: usize) -> Self {
+        let queued_for = oldest_job.map(|t| t.elapsed()).unwrap_or_default();
         PassTiming {
             started: Instant::now(),
             expiries,

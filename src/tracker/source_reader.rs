@@ -285,10 +285,7 @@ impl SourceReader {
                     return Ok((ReadOutcome::Found(m.detach()), Some(wanted + 1)))
                 }
                 Some(Ok(m)) => {
-                    let why = format!(
-                        "offset {wanted} no longer exists (compacted, deleted or aborted); the next record is at {}",
-                        m.offset()
-                    );
+                    let why = skipped_over(wanted, m.offset());
                     // The next wanted offset may be this very record: read it again.
                     return Ok((ReadOutcome::Gone(why), None));
                 }
@@ -340,11 +337,8 @@ impl<'a> Cursor<'a> {
                 self.out.push((wanted, ReadOutcome::Found(m.detach())));
                 return;
             }
-            let why = format!(
-                "offset {wanted} no longer exists (compacted, deleted or aborted); the next record is at {}",
-                m.offset()
-            );
-            self.out.push((wanted, ReadOutcome::Gone(why)));
+            self.out
+                .push((wanted, ReadOutcome::Gone(skipped_over(wanted, m.offset()))));
         }
     }
 
@@ -352,15 +346,25 @@ impl<'a> Cursor<'a> {
     fn past_end(&mut self) {
         while let Some(&wanted) = self.offsets.get(self.next) {
             self.next += 1;
-            let why = format!("offset {wanted} is past the end of the partition");
-            self.out.push((wanted, ReadOutcome::Gone(why)));
+            self.out.push((wanted, ReadOutcome::Gone(past_end(wanted))));
         }
     }
 }
 
+/// Why `wanted` is gone when the partition holds `next` (greater) where it should be.
+fn skipped_over(wanted: i64, next: i64) -> String {
+    format!(
+        "offset {wanted} no longer exists (compacted, deleted or aborted); the next record is at {next}"
+    )
+}
+
+fn past_end(wanted: i64) -> String {
+    format!("offset {wanted} is past the end of the partition")
+}
+
 fn gone_reason(error: &KafkaError, wanted: i64) -> Option<String> {
     if let KafkaError::PartitionEOF(_) = error {
-        return Some(format!("offset {wanted} is past the end of the partition"));
+        return Some(past_end(wanted));
     }
     match error.rdkafka_error_code()? {
         RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange => Some(format!(
