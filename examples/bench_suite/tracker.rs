@@ -66,12 +66,41 @@ impl TrackerProcess {
     }
 
     /// Like [`Self::start`], with extra `run` flags.
+    ///
+    /// The admin port is found free and then handed to the tracker, so another process (any
+    /// outgoing connection's ephemeral port) can take it in between, and the tracker then
+    /// exits at start-up. A tracker that exits before it is ready is started again on a new
+    /// port, up to three times; its own error is on stderr.
     pub fn start_with(
         brokers: &str,
         markers: &str,
         group: &str,
         extra: &[&str],
     ) -> Result<(Self, Duration), Error> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::try_start(brokers, markers, group, extra)? {
+                Ok(started) => return Ok(started),
+                Err(status) if tries < 3 => {
+                    eprintln!(
+                        "the tracker exited before it was ready ({status}); starting it again"
+                    );
+                }
+                Err(status) => {
+                    return Err(format!("the tracker exited before it was ready ({status})").into())
+                }
+            }
+        }
+    }
+
+    /// One start: the ready tracker, or how it exited before it was ready.
+    fn try_start(
+        brokers: &str,
+        markers: &str,
+        group: &str,
+        extra: &[&str],
+    ) -> Result<Result<(Self, Duration), std::process::ExitStatus>, Error> {
         let admin = format!("127.0.0.1:{}", free_port()?);
         // BENCH_TRACKER_LOGS=DIR keeps each tracker's debug log there (for profiling a run).
         let log = match std::env::var_os("BENCH_TRACKER_LOGS") {
@@ -95,16 +124,20 @@ impl TrackerProcess {
                 },
             )
             .stdout(Stdio::null())
-            .stderr(log.map_or_else(Stdio::null, Stdio::from))
+            // Warnings and errors go where the suite's own stderr goes.
+            .stderr(log.map_or_else(Stdio::inherit, Stdio::from))
             .spawn()?;
-        let t = TrackerProcess { child, admin };
+        let mut t = TrackerProcess { child, admin };
         while http_get(&t.admin, "/readyz").map(|r| r.0) != Some(200) {
+            if let Some(status) = t.child.try_wait()? {
+                return Ok(Err(status));
+            }
             if started.elapsed() > Duration::from_secs(600) {
                 return Err("the tracker was not ready within 10 minutes".into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok((t, started.elapsed()))
+        Ok(Ok((t, started.elapsed())))
     }
 
     /// Stops it with SIGTERM, so it commits and leaves its group at once (a killed member
