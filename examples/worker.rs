@@ -102,6 +102,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let args = args.clone();
         tokio::spawn(async move { settle(d, &args).await });
     }
+    // The consumer stops on its own only if its poll thread died: exit with the reason rather
+    // than 0, so a supervisor restarts the worker and the logs say what happened.
+    if let Err(e) = consumer.close().await {
+        eprintln!("worker: {e}");
+        std::process::exit(1);
+    }
     Ok(())
 }
 

@@ -14,7 +14,7 @@
 //! - `cli` (feature `cli`): the `redelivery-tracker` binary's commands, admin server and demo.
 //!
 //! ARCHITECTURE.md explains how the parts fit and which invariants keep every message safe.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod client;
@@ -27,3 +27,12 @@ pub mod tracker;
 
 #[cfg(feature = "cli")]
 pub mod cli;
+
+/// The message of a caught panic, for the error that reports it.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}

@@ -322,7 +322,7 @@ async fn dlq_redrive_sends_filtered_records_back_and_resumes_where_it_stopped() 
     assert_eq!(read(&t.dlq, 8, Duration::from_secs(60)).len(), 8);
     // Stop consuming while redriving: with one delivery allowed and a short timeout, a
     // redriven record left unsettled would be dead-lettered again.
-    c.close().await;
+    c.close().await.unwrap();
     let bootstrap = brokers();
     let redrive = |extra: &[&str]| {
         let mut args = vec![
@@ -384,7 +384,7 @@ async fn dlq_redrive_sends_filtered_records_back_and_resumes_where_it_stopped() 
 fn headers_of(d: &kafka_redelivery::client::Delivery) -> String {
     d.headers()
         .iter()
-        .map(|(k, _)| k.as_str())
+        .map(|(k, _)| k.to_string())
         .collect::<Vec<_>>()
         .join(",")
 }

@@ -55,7 +55,7 @@ async fn handlers_run_concurrently_within_the_limit_and_a_panic_loses_nothing() 
         },
     );
     tokio::select! {
-        () = run => panic!("stopped before every record was acked"),
+        r = run => panic!("stopped before every record was acked: {r:?}"),
         _ = watcher => {}
     }
     if let Some(s) = stop.take() {
@@ -67,6 +67,6 @@ async fn handlers_run_concurrently_within_the_limit_and_a_panic_loses_nothing() 
     );
     assert!(most.load(Ordering::SeqCst) > 1, "never concurrent");
     assert_eq!(acked.lock().unwrap().len(), 60);
-    c.close().await;
+    c.close().await.unwrap();
     tracker.stop().await;
 }

@@ -107,6 +107,6 @@ async fn a_message_life_is_announced_by_each_part() {
         next(&mut tracked, EventKind::Cancelled).await.record.offset,
         doomed.offset
     );
-    c.close().await;
+    c.close().await.unwrap();
     tracker.stop().await;
 }

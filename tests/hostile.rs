@@ -248,7 +248,7 @@ async fn a_source_topic_deleted_in_flight_is_dead_lettered_with_the_reason() {
     produce(&t.source, Some(0), "doomed", b"payload", &[]).await;
     let d = c.recv().await.unwrap();
     d.abandon();
-    c.close().await;
+    c.close().await.unwrap();
     delete_topic(&t.source).await;
 
     let dlq = read(&t.dlq, 1, Duration::from_secs(90));
@@ -260,4 +260,76 @@ async fn a_source_topic_deleted_in_flight_is_dead_lettered_with_the_reason() {
     let detail = header(&dlq[0], headers::DLQ_DETAIL).unwrap();
     assert!(detail.contains("exist"), "{detail}");
     tracker.stop().await;
+}
+
+/// A record whose header name is not UTF-8 (the C, Go and Java clients write such names) used
+/// to panic the client's poll thread and stop its partition for good. It is now delivered with
+/// the header as written, the records around it are acked, and its redelivered copy carries the
+/// header byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_name_that_is_not_utf8_is_carried_byte_for_byte() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    tracker.wait_ready().await;
+    let odd: headers::HeaderList = vec![
+        (vec![0xff, 0xfe, b'k', b'e', b'y'].into(), Some(vec![0x80, 0])),
+        ("trace".into(), Some(b"t-1".to_vec())),
+    ];
+    produce(&t.source, Some(0), "before", b"1", &[]).await;
+    let record = FutureRecord::to(&t.source)
+        .partition(0)
+        .key("odd")
+        .payload("2")
+        .headers(headers::to_kafka(&odd));
+    producer()
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    produce(&t.source, Some(0), "after", b"3", &[]).await;
+
+    let mut c = consumer(&t, Duration::from_secs(2));
+    let mut keys = Vec::new();
+    for _ in 0..3 {
+        let d = c.recv_timeout(Duration::from_secs(30)).await.unwrap_or_else(|| {
+            panic!("the consumer stopped after {keys:?}: {:?}", c.failure())
+        });
+        let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
+        keys.push(key.clone());
+        if key == "odd" {
+            assert_eq!(d.headers(), &odd, "headers as the producer wrote them");
+            assert_eq!(d.headers()[0].0.as_str(), None);
+            d.abandon(); // redelivered after its 2 s timeout
+        } else {
+            d.ack().await.unwrap();
+        }
+    }
+    assert_eq!(keys, ["before", "odd", "after"]);
+    let copy = c
+        .recv_timeout(Duration::from_secs(30))
+        .await
+        .expect("the tracker redelivers the odd record");
+    assert_eq!(copy.attempt(), 2);
+    assert_eq!(&copy.headers()[..2], &odd[..], "the copy carries the headers byte for byte");
+    copy.ack().await.unwrap();
+    c.close().await.unwrap();
+}
+
+/// A poll thread that dies is an error the application sees, with the reason: the example
+/// worker exits non-zero and says why, instead of exiting 0 having acked nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_thread_that_dies_is_reported_not_a_silent_exit() {
+    let t = topics(1, 1).await;
+    produce_many(&t.source, 1, "p", 3).await;
+    let out = worker_command(&t, &unique("workers"))
+        .env("KR_FAILPOINT", "panic:after-poll")
+        .stdout(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit status {:?}", out.status);
+    assert!(
+        stderr.contains("the poll thread died: failpoint after-poll: panicking on purpose"),
+        "stderr: {stderr}"
+    );
 }

@@ -84,7 +84,7 @@ async fn a_tracker_started_before_its_broker_waits_unready_then_works() {
     let again = c.recv().await.unwrap();
     assert_eq!(again.attempt(), 2, "redelivered by the late tracker");
     again.ack().await.unwrap();
-    c.close().await;
+    c.close().await.unwrap();
 }
 
 /// Keys the worker logged as acked so far.

@@ -69,7 +69,7 @@ async fn backoff_grows_as_configured_and_the_limit_dead_letters() {
         c.recv_timeout(Duration::from_secs(2)).await.is_none(),
         "redelivered past the limit"
     );
-    c.close().await;
+    c.close().await.unwrap();
     tracker.stop().await;
 }
 
@@ -101,6 +101,6 @@ async fn a_per_message_limit_lowers_the_policy() {
     assert!(header(&dlq[0], headers::DLQ_DETAIL)
         .unwrap()
         .contains("allows 2"));
-    c.close().await;
+    c.close().await.unwrap();
     tracker.stop().await;
 }

@@ -127,7 +127,7 @@ async fn with_the_documented_acls_everything_works_and_a_missing_dlq_acl_loses_n
     tracker
         .wait_metric("redelivery_parked_deliveries", 0.0)
         .await;
-    c.close().await;
+    c.close().await.unwrap();
     tracker.stop().await;
 }
 

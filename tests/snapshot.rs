@@ -73,7 +73,7 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
             .await
             .unwrap();
     }
-    c.close().await;
+    c.close().await.unwrap();
 
     // Wait until a snapshot covering them is committed past the pending schedule.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -283,7 +283,7 @@ async fn ours(
     }
     let received = acked.load(Ordering::Relaxed);
     let elapsed = first.map_or(Duration::ZERO, |f| f.elapsed());
-    c.close().await;
+    c.close().await?;
     Ok(Consumed {
         received,
         elapsed,

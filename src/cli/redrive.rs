@@ -86,12 +86,13 @@ pub fn redriven_headers(headers: &HeaderList, from: &str) -> HeaderList {
                 headers::DLQ_SOURCE,
                 headers::REDRIVEN_FROM,
             ]
-            .contains(&k.as_str())
+            .iter()
+            .any(|n| k == *n)
         })
         .cloned()
         .collect();
     out.push((
-        headers::REDRIVEN_FROM.to_string(),
+        headers::REDRIVEN_FROM.into(),
         Some(from.as_bytes().to_vec()),
     ));
     out
@@ -281,7 +282,7 @@ mod tests {
             ("trace", "t"),
         ]
         .iter()
-        .map(|(k, v)| (k.to_string(), Some(v.as_bytes().to_vec())))
+        .map(|(k, v)| ((*k).into(), Some(v.as_bytes().to_vec())))
         .collect()
     }
 

@@ -9,7 +9,8 @@ use super::{Delivery, RedeliveryConsumer};
 
 impl RedeliveryConsumer {
     /// Runs `handler` on each delivery, at most `limit` at a time, until `shutdown` completes
-    /// or the consumer stops; then waits for the handlers still running.
+    /// or the consumer stops; then waits for the handlers still running. An error says the
+    /// consumer stopped because its poll thread died ([`RedeliveryConsumer::failure`]).
     ///
     /// Each handler gets the delivery and settles it. One that returns (or panics) without
     /// settling drops the delivery, which releases it for redelivery, so nothing is lost. At
@@ -19,7 +20,7 @@ impl RedeliveryConsumer {
     ///
     /// ```no_run
     /// # use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
-    /// # async fn run(mut consumer: RedeliveryConsumer) {
+    /// # async fn run(mut consumer: RedeliveryConsumer) -> Result<(), kafka_redelivery::client::ClientError> {
     /// consumer
     ///     .process_concurrently(16, tokio::signal::ctrl_c(), |delivery| async move {
     ///         // ... the work ...
@@ -27,15 +28,16 @@ impl RedeliveryConsumer {
     ///             eprintln!("ack failed, the record will be redelivered: {e}");
     ///         }
     ///     })
-    ///     .await;
-    /// # }
+    ///     .await?;
+    /// # Ok(()) }
     /// ```
     pub async fn process_concurrently<S, F, Fut>(
         &mut self,
         limit: usize,
         shutdown: S,
         mut handler: F,
-    ) where
+    ) -> Result<(), super::ClientError>
+    where
         S: Future,
         F: FnMut(Delivery) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
@@ -61,6 +63,7 @@ impl RedeliveryConsumer {
         while let Some(done) = running.join_next().await {
             finished(Some(done));
         }
+        self.failure().map_or(Ok(()), Err)
     }
 }
 

@@ -15,6 +15,7 @@ use crate::marker::SourceRef;
 /// }
 /// ```
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// A Kafka client could not be created or configured.
     #[error("kafka {what}: {source}")]
@@ -68,4 +69,9 @@ pub enum ClientError {
     /// The poll thread could not be started.
     #[error("cannot start the poll thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// The poll thread died (a panic: a bug, reported with its message) or did not stop in
+    /// time. Records it had polled but not handed out are polled again by the next owner of
+    /// their partitions; deliveries already handed out can still be settled.
+    #[error("the poll thread {0}")]
+    PollThread(String),
 }

@@ -34,7 +34,7 @@ mod scheduler;
 mod settler;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -81,8 +81,14 @@ pub struct RedeliveryConsumer {
     auto_keep_alive: bool,
     settler: Arc<Settler>,
     stop: Arc<AtomicBool>,
+    /// Why the poll thread died, if it did (set before the delivery channel closes).
+    died: Arc<Mutex<Option<String>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+/// How long [`RedeliveryConsumer::close`] waits for the poll thread: a poll, a batch's Starts
+/// and one commit, each bounded by librdkafka's own timeouts, fit well within it.
+const CLOSE_WAIT: Duration = Duration::from_secs(30);
 
 impl RedeliveryConsumer {
     /// Connects, checks the markers topic, subscribes and starts polling.
@@ -112,6 +118,10 @@ impl RedeliveryConsumer {
         let (tx, rx) = mpsc::channel(config.max_unsettled.max(1));
         let auto_keep_alive = config.auto_keep_alive;
         let stop = Arc::new(AtomicBool::new(false));
+        let died = Arc::new(Mutex::new(None));
+        // Keeps the channel open until a failure is recorded, so that whoever sees `recv`
+        // return `None` also sees why.
+        let hold_open = tx.clone();
         let poller = Poller {
             consumer,
             settler: settler.clone(),
@@ -120,20 +130,40 @@ impl RedeliveryConsumer {
             out: tx,
             stop: stop.clone(),
         };
+        let record = died.clone();
         let thread = std::thread::Builder::new()
             .name("redelivery-poll".into())
-            .spawn(move || poller.run())
+            .spawn(move || {
+                let run = std::panic::AssertUnwindSafe(|| poller.run());
+                if let Err(panic) = std::panic::catch_unwind(run) {
+                    let why = crate::panic_message(panic.as_ref());
+                    tracing::error!(reason = %why, "the poll thread died; the consumer stops");
+                    if let Ok(mut slot) = record.lock() {
+                        *slot = Some(why);
+                    }
+                }
+                drop(hold_open);
+            })
             .map_err(ClientError::Thread)?;
         Ok(RedeliveryConsumer {
             deliveries: rx,
             auto_keep_alive,
             settler,
             stop,
+            died,
             thread: Some(thread),
         })
     }
 
-    /// The next delivery, or `None` once the consumer has stopped.
+    /// Why the consumer stopped on its own: the poll thread died, with the reason. `None` while
+    /// it runs or after an orderly [`close`](Self::close).
+    pub fn failure(&self) -> Option<ClientError> {
+        let why = self.died.lock().ok()?.clone()?;
+        Some(ClientError::PollThread(format!("died: {why}")))
+    }
+
+    /// The next delivery, or `None` once the consumer has stopped: closed, or its poll thread
+    /// died ([`failure`](Self::failure) and [`close`](Self::close) then say why).
     pub async fn recv(&mut self) -> Option<Delivery> {
         let mut d = self.deliveries.recv().await?;
         if self.auto_keep_alive {
@@ -162,15 +192,24 @@ impl RedeliveryConsumer {
         self.settler.unsettled()
     }
 
-    /// Stops polling and waits for the poll thread. Deliveries already handed out can still be
-    /// settled; deliveries waiting in the channel are released for redelivery.
-    pub async fn close(mut self) {
+    /// Stops polling and waits (up to 30 s) for the poll thread. Deliveries already handed out
+    /// can still be settled; deliveries waiting in the channel are released for redelivery.
+    ///
+    /// An error says the poll thread had died, and why, or that it did not stop in time (it
+    /// is left to finish on its own; nothing it held was committed or handed out).
+    pub async fn close(mut self) -> Result<(), ClientError> {
         self.stop.store(true, Ordering::Relaxed);
         self.deliveries.close();
         while self.deliveries.try_recv().is_ok() {}
         if let Some(thread) = self.thread.take() {
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+            let joined = tokio::task::spawn_blocking(move || thread.join());
+            if tokio::time::timeout(CLOSE_WAIT, joined).await.is_err() {
+                return Err(ClientError::PollThread(format!(
+                    "did not stop within {CLOSE_WAIT:?}"
+                )));
+            }
         }
+        self.failure().map_or(Ok(()), Err)
     }
 }
 

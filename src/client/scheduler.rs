@@ -170,7 +170,7 @@ impl ScheduledRecord {
 
     /// Adds a header.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
-        self.headers.push((name.into(), Some(value.into())));
+        self.headers.push((name.into().into(), Some(value.into())));
         self
     }
 
@@ -472,9 +472,14 @@ fn validate(record: &ScheduledRecord) -> Result<(), ClientError> {
     if record
         .headers
         .iter()
-        .any(|(name, _)| name.len() > usize::from(u16::MAX))
+        .any(|(name, _)| name.as_bytes().len() > usize::from(u16::MAX))
     {
         return bad("a header name is longer than 65535 bytes".into());
+    }
+    if let Some((name, _)) = record.headers.iter().find(|(n, _)| n.as_str().is_none()) {
+        return bad(format!(
+            "header name {name:?} is not UTF-8; a schedule carries text names"
+        ));
     }
     Ok(())
 }

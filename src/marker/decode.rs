@@ -223,7 +223,7 @@ impl<'a> Reader<'a> {
         let mut headers = Vec::new();
         for _ in 0..count {
             let name = self.string("header_name")?;
-            headers.push((name, self.bytes("header_value")?));
+            headers.push((name.into(), self.bytes("header_value")?));
         }
         Ok(ScheduledRecord {
             topic,

@@ -71,7 +71,8 @@ fn put_record(out: &mut Vec<u8>, record: &ScheduledRecord) {
     let count = record.headers.len().min(u16::MAX as usize);
     out.extend_from_slice(&(count as u16).to_be_bytes());
     for (name, value) in &record.headers[..count] {
-        put_str(out, truncate(name, u16::MAX as usize));
+        // The format carries names as text; `client::Scheduler` refuses any other name.
+        put_str(out, truncate(&name.to_string_lossy(), u16::MAX as usize));
         put_bytes(out, value.as_deref());
     }
 }

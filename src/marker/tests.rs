@@ -159,7 +159,7 @@ fn record_strategy() -> impl Strategy<Value = ScheduledRecord> {
                 partition,
                 key,
                 payload,
-                headers,
+                headers: headers.into_iter().map(|(k, v)| (k.into(), v)).collect(),
             },
         )
 }

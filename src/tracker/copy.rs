@@ -23,7 +23,7 @@ pub fn copy_headers(
         .filter(|(k, _)| !headers::written_by_tracker(k))
         .cloned()
         .collect();
-    let mut put = |k: &str, v: String| out.push((k.to_string(), Some(v.into_bytes())));
+    let mut put = |k: &str, v: String| out.push((k.into(), Some(v.into_bytes())));
     put(headers::ATTEMPT, attempt.to_string());
     put(headers::ORIGINAL_TOPIC, first.topic);
     put(headers::ORIGINAL_PARTITION, first.partition.to_string());
@@ -39,14 +39,15 @@ pub fn copy_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::headers::HeaderName;
 
-    fn h(k: &str, v: &str) -> (String, Option<Vec<u8>>) {
-        (k.to_string(), Some(v.as_bytes().to_vec()))
+    fn h(k: &str, v: &str) -> (HeaderName, Option<Vec<u8>>) {
+        (k.into(), Some(v.as_bytes().to_vec()))
     }
 
     #[test]
     fn first_copy_names_the_record_it_was_read_from() {
-        let original = vec![h("trace", "abc"), ("empty".to_string(), None)];
+        let original = vec![h("trace", "abc"), ("empty".into(), None)];
         let out = copy_headers(&original, &SourceRef::new("orders", 2, 7), 2, None);
         assert_eq!(&out[..2], &original[..]);
         assert_eq!(headers::text(&out, headers::ATTEMPT), Some("2"));

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::headers;
@@ -104,11 +104,12 @@ fn scan(
             }
             Err(e) => return Err(e.to_string()),
         };
-        let id = m.headers().and_then(|h| {
-            h.iter()
-                .filter(|h| h.key == headers::SCHEDULE_ID)
-                .find_map(|h| std::str::from_utf8(h.value?).ok())
-        });
+        // Byte-exact: the target may hold records whose header names are not UTF-8.
+        let list = headers::from_kafka(m.headers());
+        let id = list
+            .iter()
+            .filter(|(k, _)| k == headers::SCHEDULE_ID)
+            .find_map(|(_, v)| std::str::from_utf8(v.as_deref()?).ok());
         if let Some(id) = id.filter(|id| wanted.contains(*id)) {
             found.insert(id.to_string());
         }

@@ -508,7 +508,7 @@ impl Redeliverer {
             Action::Publish => {
                 let mut headers = original;
                 headers.push((
-                    crate::headers::SCHEDULE_ID.to_string(),
+                    crate::headers::SCHEDULE_ID.into(),
                     Some(source.to_string().into_bytes()),
                 ));
                 let (topic, partition) = record.map_or((source.topic.clone(), None), |m| {

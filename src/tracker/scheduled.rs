@@ -84,8 +84,8 @@ mod tests {
         assert_eq!(
             headers::from_kafka(m.headers()),
             vec![
-                ("a".to_string(), Some(b"1".to_vec())),
-                ("b".to_string(), None)
+                ("a".into(), Some(b"1".to_vec())),
+                ("b".into(), None)
             ]
         );
     }

@@ -147,33 +147,31 @@ impl Tracker {
         };
         let mut consumer = spawn_thread("markers", move || markers.run())?;
 
-        let consumer_ended = tokio::select! {
-            _ = shutdown => {
-                tracing::info!("stop requested; draining");
-                false
-            }
+        tokio::select! {
+            _ = shutdown => tracing::info!("stop requested; draining"),
             r = &mut consumer => {
-                // The loop only ends on its own when the worker is gone.
-                r.map_err(|_| TrackerError::Thread("the markers thread panicked".into()))?;
-                true
+                // The loop only ends on its own when the worker is gone: say why it went.
+                joined("markers", r)?;
+                bounded("redelivery worker", &mut worker, GRACE).await?;
+                return Err(TrackerError::Thread("the redelivery worker stopped".into()));
             }
-        };
+        }
         stop_consumer.store(true, Ordering::Relaxed);
         self.ready.store(false, Ordering::Relaxed);
         // The final commit and the consumer's close wait for the group coordinator; with Kafka
         // gone they would wait forever, so a stop never waits longer than the grace period.
         // Giving up loses nothing: uncommitted markers are replayed by the next owner.
-        if !consumer_ended && !bounded(&mut consumer, GRACE).await? {
+        if !bounded("markers", &mut consumer, GRACE).await? {
             tracing::warn!(
                 grace = ?GRACE,
                 "could not commit and leave the group within the grace period (is Kafka reachable?); \
                  the next owner replays from the last committed offset"
             );
         }
-        if !bounded(&mut worker, GRACE).await? {
+        if !bounded("redelivery worker", &mut worker, GRACE).await? {
             tracing::warn!("redelivery worker still busy after the grace period; its deliveries stay in flight");
             stop_worker.store(true, Ordering::Relaxed);
-            if !bounded(&mut worker, GRACE).await? {
+            if !bounded("redelivery worker", &mut worker, GRACE).await? {
                 tracing::warn!("redelivery worker did not stop; leaving it behind");
             }
         }
@@ -217,8 +215,23 @@ fn snapshots_topic(producer: &FutureProducer, config: &TrackerConfig) -> Option<
     }
 }
 
-/// Runs `f` on a named OS thread and returns a receiver for its result; the receiver fails if
-/// `f` panics.
+/// What a tracker thread ended with: its result, or the message of the panic that ended it.
+type Joined<T> = Result<Result<T, String>, oneshot::error::RecvError>;
+
+/// A thread's end as the tracker's error: a panic is reported with its message.
+fn joined<T>(name: &str, r: Joined<T>) -> Result<T, TrackerError> {
+    match r {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(why)) => {
+            tracing::error!(thread = name, reason = %why, "a tracker thread panicked");
+            Err(TrackerError::Thread(format!("the {name} thread panicked: {why}")))
+        }
+        Err(_) => Err(TrackerError::Thread(format!("the {name} thread vanished"))),
+    }
+}
+
+/// Runs `f` on a named OS thread and returns a receiver for its result, or for the message of
+/// the panic that ended it.
 ///
 /// Not `spawn_blocking`: a runtime waits for its blocking tasks when it is dropped, so a thread
 /// stuck in librdkafka (closing a consumer whose coordinator is unreachable) would keep the
@@ -226,12 +239,13 @@ fn snapshots_topic(producer: &FutureProducer, config: &TrackerConfig) -> Option<
 fn spawn_thread<T: Send + 'static>(
     name: &str,
     f: impl FnOnce() -> T + Send + 'static,
-) -> Result<oneshot::Receiver<T>, TrackerError> {
+) -> Result<oneshot::Receiver<Result<T, String>>, TrackerError> {
     let (tx, rx) = oneshot::channel();
     std::thread::Builder::new()
         .name(format!("tracker-{name}"))
         .spawn(move || {
-            let _ = tx.send(f());
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            let _ = tx.send(r.map_err(|p| crate::panic_message(p.as_ref())));
         })
         .map_err(|e| TrackerError::Thread(format!("starting the {name} thread: {e}")))?;
     Ok(rx)
@@ -240,12 +254,12 @@ fn spawn_thread<T: Send + 'static>(
 /// Waits up to `limit` for a thread started by [`spawn_thread`]: `Ok(true)` if it ended in
 /// time, `Ok(false)` if it is still running, an error if it panicked.
 async fn bounded<T>(
-    thread: &mut oneshot::Receiver<T>,
+    name: &str,
+    thread: &mut oneshot::Receiver<Result<T, String>>,
     limit: Duration,
 ) -> Result<bool, TrackerError> {
     match tokio::time::timeout(limit, thread).await {
-        Ok(Ok(_)) => Ok(true),
-        Ok(Err(_)) => Err(TrackerError::Thread("a tracker thread panicked".into())),
+        Ok(r) => joined(name, r).map(|_| true),
         Err(_) => Ok(false),
     }
 }

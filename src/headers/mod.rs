@@ -2,6 +2,15 @@
 //!
 //! They are part of the public contract: applications and operators read them, so they never
 //! change meaning. Values are UTF-8 decimal numbers or text.
+//!
+//! Headers of the records we carry are opaque: names and values are copied byte for byte and
+//! never assumed to be UTF-8 (see [`HeaderName`]).
+
+mod name;
+mod raw;
+
+pub use name::HeaderName;
+use rdkafka::message::{BorrowedHeaders, OwnedHeaders};
 
 /// Delivery attempt of this copy: "2" on the first redelivery. Absent on an original record,
 /// which is attempt 1.
@@ -37,7 +46,7 @@ pub const SCHEDULE_ID: &str = "kr-schedule-id";
 
 /// Whether the tracker writes this header, so a copy of a copy replaces it rather than
 /// repeating it. [`TIMEOUT_MS`] belongs to the producer and is kept.
-pub fn written_by_tracker(name: &str) -> bool {
+pub fn written_by_tracker(name: &HeaderName) -> bool {
     [
         ATTEMPT,
         ORIGINAL_TOPIC,
@@ -47,41 +56,55 @@ pub fn written_by_tracker(name: &str) -> bool {
         DLQ_DETAIL,
         DLQ_SOURCE,
     ]
-    .contains(&name)
+    .iter()
+    .any(|n| name == *n)
 }
 
-/// Record headers as plain owned pairs, in order. A header may have no value.
-pub type HeaderList = Vec<(String, Option<Vec<u8>>)>;
+/// Record headers as plain owned pairs, in order. A header may have no value. Names are bytes
+/// ([`HeaderName`]): Kafka does not promise UTF-8, and other clients write any bytes.
+pub type HeaderList = Vec<(HeaderName, Option<Vec<u8>>)>;
 
-/// Copies librdkafka headers into a [`HeaderList`].
-pub fn from_kafka<H: rdkafka::message::Headers>(headers: Option<&H>) -> HeaderList {
-    headers.map_or_else(Vec::new, |h| {
-        h.iter()
-            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-            .collect()
-    })
+/// Copies librdkafka headers into a [`HeaderList`], names and values byte for byte. Never
+/// panics, whatever bytes a producer put in a name (rdkafka's own `Headers::iter` does).
+pub fn from_kafka<H: KafkaHeaders + ?Sized>(headers: Option<&H>) -> HeaderList {
+    headers.map_or_else(Vec::new, |h| raw::read(h.borrowed()))
 }
 
-/// Builds librdkafka headers from a [`HeaderList`].
-pub fn to_kafka(headers: &HeaderList) -> rdkafka::message::OwnedHeaders {
-    headers.iter().fold(
-        rdkafka::message::OwnedHeaders::new_with_capacity(headers.len()),
-        |acc, (key, value)| {
-            acc.insert(rdkafka::message::Header {
-                key,
-                value: value.as_deref(),
-            })
-        },
-    )
+/// librdkafka headers, borrowed from a polled record or owned by a detached one.
+pub trait KafkaHeaders {
+    /// A read-only view.
+    fn borrowed(&self) -> &BorrowedHeaders;
 }
 
-/// The value of the last header named `name`, as UTF-8 text.
-pub fn text<'a>(headers: &'a HeaderList, name: &str) -> Option<&'a str> {
+impl KafkaHeaders for BorrowedHeaders {
+    fn borrowed(&self) -> &BorrowedHeaders {
+        self
+    }
+}
+
+impl KafkaHeaders for OwnedHeaders {
+    fn borrowed(&self) -> &BorrowedHeaders {
+        self.as_borrowed()
+    }
+}
+
+/// Builds librdkafka headers from a [`HeaderList`], names and values byte for byte.
+pub fn to_kafka(headers: &HeaderList) -> OwnedHeaders {
+    raw::build(headers)
+}
+
+/// The value of the last header named `name`, if there is one with a value.
+pub fn value<'a>(headers: &'a HeaderList, name: &str) -> Option<&'a [u8]> {
     headers
         .iter()
         .rev()
         .find(|(k, _)| k == name)
-        .and_then(|(_, v)| std::str::from_utf8(v.as_deref()?).ok())
+        .and_then(|(_, v)| v.as_deref())
+}
+
+/// The value of the last header named `name`, as UTF-8 text.
+pub fn text<'a>(headers: &'a HeaderList, name: &str) -> Option<&'a str> {
+    value(headers, name).and_then(|v| std::str::from_utf8(v).ok())
 }
 
 /// The original coordinates a redelivered or dead-lettered copy carries; `None` on an original
