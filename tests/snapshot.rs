@@ -12,12 +12,13 @@ use kafka_redelivery::client::{ScheduledRecord, Scheduler, SchedulerConfig};
 use kafka_redelivery::tracker::inspect::TrackerView;
 use rdkafka::message::Message;
 
-fn tracker(t: &Topics, group: &str) -> (ChildGuard, String) {
+/// A tracker process; `snapshot_after` 0 turns its own snapshots off.
+fn tracker(t: &Topics, group: &str, snapshot_after: u64) -> (ChildGuard, String) {
     let (mut c, admin) = Cluster::shared().tracker_command(t, group, 5);
     let child = c
         .args([
             "--snapshot-after-markers",
-            "100",
+            &snapshot_after.to_string(),
             "--snapshot-interval",
             "1s",
         ])
@@ -36,6 +37,9 @@ fn view(admin: &str) -> TrackerView {
     serde_json::from_str(&http_get(admin, "/inspect").unwrap().1).unwrap()
 }
 
+/// Also: a tracker restarted with snapshots off still restores what the committed snapshot
+/// holds, and its commits keep naming it, so a third run with snapshots on holds it too (a
+/// tracker without snapshots used to replay from the committed offset and forget both items).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
     let t = topics(1, 1).await;
@@ -46,7 +50,7 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
     )
     .await;
     let group = unique("tracker");
-    let (mut first, admin) = tracker(&t, &group);
+    let (mut first, admin) = tracker(&t, &group, 100);
     wait_ready_http(&admin).await;
 
     // A long-pending item at the very start of the markers log...
@@ -62,9 +66,13 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
         )
         .await
         .unwrap();
-    // ... then 300 deliveries acked: 600 markers after it.
-    produce_many(&t.source, 1, "r", 300).await;
+    // ... and a delivery nacked for as long...
+    produce(&t.source, Some(0), "nacked", b"later", &[]).await;
     let mut c = consumer(&t, Duration::from_secs(30));
+    let d = c.recv_timeout(Duration::from_secs(30)).await.unwrap();
+    d.nack_after(due_in).await.unwrap();
+    // ... then 300 deliveries acked: 600 markers after them.
+    produce_many(&t.source, 1, "r", 300).await;
     for _ in 0..300 {
         c.recv_timeout(Duration::from_secs(30))
             .await
@@ -93,7 +101,20 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
     first.0.kill().unwrap();
     first.0.wait().unwrap();
 
-    let (_second, admin) = tracker(&t, &group);
+    // Snapshots off: it still restores from the committed snapshot, and its graceful stop
+    // commits the pointer again.
+    let (mut second, admin) = tracker(&t, &group, 0);
+    wait_ready_http(&admin).await;
+    let v = view(&admin);
+    assert_eq!(
+        (v.partitions[0].scheduled, v.partitions[0].in_flight),
+        (1, 1),
+        "a tracker with snapshots off forgot what the snapshot holds"
+    );
+    sigterm(&second.0);
+    assert!(second.0.wait().unwrap().success());
+
+    let (_third, admin) = tracker(&t, &group, 100);
     wait_ready_http(&admin).await;
     let body = metrics(&admin);
     let replayed = |kind: &str| {
@@ -118,18 +139,30 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
         v.partitions[0].scheduled, 1,
         "the restored state holds the schedule"
     );
-    assert_eq!(v.partitions[0].in_flight, 0);
+    assert_eq!(v.partitions[0].in_flight, 1, "and the nacked delivery");
 
-    // And it still falls due, once.
-    tokio::time::sleep(due_in.saturating_sub(scheduled_at.elapsed()) + Duration::from_secs(3))
-        .await;
+    // And both still fall due, once each (the source holds the original of the nacked one).
+    let due_by = scheduled_at + due_in + Duration::from_secs(30);
+    loop {
+        let arrived = read(&t.source, usize::MAX, Duration::from_secs(2));
+        let n = |key: &[u8]| arrived.iter().filter(|m| m.key() == Some(key)).count();
+        if (n(b"long") >= 1 && n(b"nacked") >= 2) || Instant::now() > due_by {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Nothing more after a little while: exactly once each.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let arrived = read(&t.source, usize::MAX, Duration::from_secs(10));
-    let long = arrived
-        .iter()
-        .filter(|m| m.key() == Some(&b"long"[..]))
-        .count();
+    let count = |key: &[u8]| arrived.iter().filter(|m| m.key() == Some(key)).count();
     assert_eq!(
-        long, 1,
+        count(b"long"),
+        1,
         "the restored schedule was not delivered exactly once"
+    );
+    assert_eq!(
+        count(b"nacked"),
+        2,
+        "the nacked delivery was not redelivered exactly once (original + one copy)"
     );
 }

@@ -108,7 +108,11 @@ pub fn table(view: &TrackerView) -> String {
             out,
             "{:<9} {:<6} {:>9} {:>9} {:>12}  {:<24} {:>11}  {}",
             p.partition,
-            if p.ready { "yes" } else { "no" },
+            match (p.ready, p.waiting_for_snapshot) {
+                (true, _) => "yes",
+                (false, true) => "no*",
+                (false, false) => "no",
+            },
             p.in_flight,
             p.scheduled,
             p.redeliveries,
@@ -119,6 +123,12 @@ pub fn table(view: &TrackerView) -> String {
             } else {
                 next.join(", ")
             }
+        );
+    }
+    if view.partitions.iter().any(|p| p.waiting_for_snapshot) {
+        let _ = writeln!(
+            out,
+            "* waiting for its snapshot, which could not be read (see the tracker's log)"
         );
     }
     let in_flight: usize = view.partitions.iter().map(|p| p.in_flight).sum();
@@ -145,6 +155,7 @@ mod tests {
                 PartitionView {
                     partition: 0,
                     ready: true,
+                    waiting_for_snapshot: false,
                     in_flight: 3,
                     scheduled: 2,
                     oldest: Some("orders/0@12".into()),
@@ -156,6 +167,7 @@ mod tests {
                 PartitionView {
                     partition: 1,
                     ready: false,
+                    waiting_for_snapshot: false,
                     in_flight: 0,
                     scheduled: 0,
                     oldest: None,

@@ -47,15 +47,27 @@ pub(crate) struct TrackerContext {
     metrics: Metrics,
     markers_topic: String,
     config: Arc<TrackerConfig>,
-    /// The snapshots topic, when snapshots are on (see `snapshotting`).
-    snapshots: Option<String>,
+    /// Where snapshots are read from and written to (see `snapshotting`).
+    snapshots: SnapshotTopics,
+}
+
+/// The snapshots topic, for the two uses that must not depend on each other.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SnapshotTopics {
+    /// Where a committed pointer's snapshot is read from: the configured topic, whatever this
+    /// tracker's own snapshot settings. A commit may already rely on a snapshot (written by an
+    /// earlier run), and replaying without it would forget what only it holds.
+    pub(crate) read_from: Option<String>,
+    /// Where this tracker writes snapshots: `None` when snapshots are off or the topic is not
+    /// usable.
+    pub(crate) write_to: Option<String>,
 }
 
 impl TrackerContext {
     pub(crate) fn new(
         metrics: Metrics,
         config: Arc<TrackerConfig>,
-        snapshots: Option<String>,
+        snapshots: SnapshotTopics,
     ) -> Self {
         TrackerContext {
             owned: Mutex::new(Owned::default()),
@@ -69,10 +81,10 @@ impl TrackerContext {
     /// Restores the partitions in `ids` from their snapshots, if they have one, and pauses
     /// those that cannot be restored yet (see `snapshotting`).
     fn restore(&self, consumer: &BaseConsumer<Self>, ids: &[i32]) {
-        let Some(topic) = &self.snapshots else { return };
         if ids.is_empty() {
             return;
         }
+        let topic = self.snapshots.read_from.as_deref();
         let results = snapshotting::restore(consumer, &self.config, topic, ids);
         let mut owned = self.lock();
         let mut pause = TopicPartitionList::new();
@@ -421,7 +433,7 @@ impl MarkersLoop {
 
     fn commit_and_publish(&self) {
         let now = Instant::now();
-        let snapshots = self.consumer.context().snapshots.clone();
+        let snapshots = self.consumer.context().snapshots.write_to.clone();
         let mut owned = self.consumer.context().lock();
         let mut tpl = TopicPartitionList::new();
         let mut all_ready = owned.assigned_once;
@@ -439,6 +451,7 @@ impl MarkersLoop {
             views.push(PartitionView {
                 partition: p.id,
                 ready,
+                waiting_for_snapshot: p.restore_at.is_some(),
                 in_flight,
                 scheduled,
                 oldest: s
@@ -455,9 +468,7 @@ impl MarkersLoop {
                 redeliveries: p.redeliveries,
                 committed_offset: p.committed,
             });
-            if snapshots.is_some() {
-                snapshotting::poll_in_flight(p, &self.metrics);
-            }
+            snapshotting::poll_in_flight(p, &self.metrics);
             // One summary per partition and interval serves the gauges, the snapshot decision
             // and the commit: each is a walk over every entry.
             let Some(oldest) = s.as_ref().map(|s| s.commit_offset) else {

@@ -12,6 +12,11 @@ pub struct PartitionView {
     pub partition: i32,
     /// Whether replay has finished.
     pub ready: bool,
+    /// The committed offset relies on a snapshot that could not be read yet: the partition
+    /// is paused, and retried, rather than replayed without it. `#[serde(default)]`: older
+    /// trackers omit it.
+    #[serde(default)]
+    pub waiting_for_snapshot: bool,
     /// Deliveries in flight.
     pub in_flight: usize,
     /// Schedules waiting for their due time. `#[serde(default)]`: older trackers omit it.

@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::oneshot;
 
 use super::config::TrackerConfig;
-use super::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
+use super::consumer::{MarkersLoop, SnapshotTopics, TrackerContext, MAX_QUEUED_JOBS};
 use super::error::TrackerError;
 use super::inspect::SharedView;
 use super::metrics::Metrics;
@@ -113,7 +113,10 @@ impl Tracker {
             .create_with_context(TrackerContext::new(
                 self.metrics.clone(),
                 self.config.clone(),
-                snapshots,
+                SnapshotTopics {
+                    read_from: self.config.snapshots_topic.clone(),
+                    write_to: snapshots,
+                },
             ))
             .map_err(TrackerError::kafka("creating the markers consumer"))?;
         consumer

@@ -34,12 +34,16 @@ pub enum Restored {
     State(Pointer, Box<PartitionState>),
 }
 
-/// Looks up the committed pointer of each partition in `ids` and loads its snapshot.
-/// An error for a partition means it cannot be started safely yet.
+/// Looks up the committed pointer of each partition in `ids` and loads its snapshot from
+/// `snapshots_topic`. An error for a partition means it cannot be started safely yet.
+///
+/// Done whether or not this tracker takes snapshots itself: the committed offset of a
+/// partition may have moved past items that only a snapshot holds (a schedule due next week),
+/// and a tracker that replayed from it without the snapshot would lose them for good.
 pub fn restore<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     config: &TrackerConfig,
-    snapshots_topic: &str,
+    snapshots_topic: Option<&str>,
     ids: &[i32],
 ) -> BTreeMap<i32, Result<Restored, String>> {
     let mut tpl = TopicPartitionList::new();
@@ -62,8 +66,13 @@ pub fn restore<C: ConsumerContext>(
             let result = match (pointer, e.offset()) {
                 // The commit that named this snapshot set the offset to what it covers; a
                 // later commit past it relies on the snapshot no more.
-                (Some(p), Offset::Offset(c)) if c <= p.covers => {
-                    snapshot_store::read(config, snapshots_topic, id, p).map(|(_, data)| {
+                (Some(p), Offset::Offset(c)) if c <= p.covers => match snapshots_topic {
+                    None => Err(format!(
+                        "the committed offset {c} relies on snapshot epoch {} and no snapshots \
+                         topic is configured (--snapshots-topic)",
+                        p.epoch
+                    )),
+                    Some(topic) => snapshot_store::read(config, topic, id, p).map(|(_, data)| {
                         let (state, skipped) =
                             PartitionState::import(&config.markers_topic, id, data);
                         if skipped > 0 {
@@ -74,8 +83,8 @@ pub fn restore<C: ConsumerContext>(
                             );
                         }
                         Restored::State(p, Box::new(state))
-                    })
-                }
+                    }),
+                },
                 _ => Ok(Restored::Nothing),
             };
             (id, result)
