@@ -22,6 +22,7 @@ pub mod events;
 pub mod failpoint;
 pub mod headers;
 mod kafka;
+mod log_limit;
 pub mod marker;
 pub mod tracker;
 

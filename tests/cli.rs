@@ -35,6 +35,12 @@ fn bad_flags_give_one_line_naming_the_flag_and_exit_64() {
             "--max-deliveries",
         ),
         (
+            // More than the tracker can count: the limit would never be reached.
+            vec!["run", "--markers-topic", "m", "--max-deliveries", "8192"],
+            vec![],
+            "--max-deliveries",
+        ),
+        (
             vec!["run", "--markers-topic", "m", "--commit-interval", "soon"],
             vec![],
             "--commit-interval",

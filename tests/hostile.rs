@@ -333,3 +333,28 @@ async fn a_poll_thread_that_dies_is_reported_not_a_silent_exit() {
         "stderr: {stderr}"
     );
 }
+
+/// A producer's `kr-*` headers are validated, not trusted: out of range they are clamped or
+/// ignored, and each such record is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kr_headers_out_of_range_are_clamped_or_ignored_and_counted() {
+    let t = topics(1, 1).await;
+    let default = Duration::from_secs(20);
+    let cases: [(&str, &str, Duration); 4] = [
+        (headers::TIMEOUT_MS, "30", headers::checked::MIN_TIMEOUT), // seconds meant
+        (headers::TIMEOUT_MS, "-5", default),
+        (headers::TIMEOUT_MS, "0", default),
+        (headers::MAX_DELIVERIES, "100000", default),
+    ];
+    for (i, (name, value, _)) in cases.iter().enumerate() {
+        produce(&t.source, Some(0), &format!("h-{i}"), b"x", &[(name, value)]).await;
+    }
+    let mut c = consumer(&t, default);
+    for (name, value, timeout) in cases {
+        let d = c.recv_timeout(Duration::from_secs(30)).await.unwrap();
+        assert_eq!(d.timeout(), timeout, "{name}: {value}");
+        d.ack().await.unwrap();
+    }
+    assert_eq!(c.odd_headers(), 4);
+    c.close().await.unwrap();
+}

@@ -57,7 +57,7 @@ async fn unsettled_record_is_redelivered_intact_with_the_next_attempt() {
         None,
         "k1",
         b"payload-1",
-        &[("trace", "abc"), (headers::TIMEOUT_MS, "700")],
+        &[("trace", "abc"), (headers::TIMEOUT_MS, "1500")],
     )
     .await;
 
@@ -69,7 +69,7 @@ async fn unsettled_record_is_redelivered_intact_with_the_next_attempt() {
     assert_eq!(first.original(), None);
     assert_eq!(
         first.timeout(),
-        Duration::from_millis(700),
+        Duration::from_millis(1500),
         "kr-timeout-ms overrides the default"
     );
     first.abandon();

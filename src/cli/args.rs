@@ -148,9 +148,10 @@ pub struct RunArgs {
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
     #[arg(long, env = "REDELIVERY_ADMIN_LISTEN", default_value = "0.0.0.0:9464")]
     pub admin_listen: SocketAddr,
-    /// Deliveries allowed per record before it goes to the dead-letter topic.
+    /// Deliveries allowed per record before it goes to the dead-letter topic (1 to 8191, the
+    /// most attempts the tracker counts).
     #[arg(long, env = "REDELIVERY_MAX_DELIVERIES", default_value_t = 5,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = clap::value_parser!(u32).range(1..=8191))]
     pub max_deliveries: u32,
     /// How often to commit markers offsets.
     #[arg(long, env = "REDELIVERY_COMMIT_INTERVAL", default_value = "1s", value_parser = parse_duration)]

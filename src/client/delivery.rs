@@ -143,8 +143,7 @@ impl Delivery {
 
     /// Like [`nack`](Self::nack), with another policy for this delivery only.
     pub async fn nack_with(self, policy: &RetryPolicy) -> Result<(), ClientError> {
-        let per_message = crate::headers::text(&self.headers, crate::headers::MAX_DELIVERIES)
-            .and_then(|v| v.trim().parse().ok());
+        let per_message = crate::headers::checked::max_deliveries(&self.headers).value();
         if let Some(limit) = policy.limit(per_message) {
             if self.attempt >= limit {
                 let reason = format!(

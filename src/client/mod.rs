@@ -187,6 +187,13 @@ impl RedeliveryConsumer {
         self.settler.events.subscribe()
     }
 
+    /// Records polled so far whose `kr-timeout-ms`, `kr-max-deliveries` or `kr-attempt` header
+    /// was out of its documented range and was clamped or ignored (each is logged, at most
+    /// once per 10 s). See [`crate::headers::checked`].
+    pub fn odd_headers(&self) -> u64 {
+        self.settler.odd_header_count()
+    }
+
     /// Deliveries handed out and not yet settled.
     pub fn unsettled(&self) -> usize {
         self.settler.unsettled()

@@ -32,7 +32,7 @@ use tokio::sync::mpsc;
 
 use crate::events::{Event, EventKind};
 use crate::failpoint;
-use crate::headers::{self, HeaderList};
+use crate::headers::{self, checked, HeaderList};
 use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
 
 use super::config::ConsumerConfig;
@@ -199,13 +199,14 @@ impl Poller {
 
     fn polled(&self, message: &BorrowedMessage<'_>) -> Polled {
         let headers = headers::from_kafka(message.headers());
-        let attempt = headers::text(&headers, headers::ATTEMPT)
-            .and_then(|a| a.parse().ok())
-            .filter(|&a| a >= 1)
-            .unwrap_or(1);
-        let timeout = headers::text(&headers, headers::TIMEOUT_MS)
-            .and_then(|t| t.parse().ok())
-            .map_or(self.config.default_timeout, Duration::from_millis);
+        let attempt = checked::attempt(&headers).value().unwrap_or(1);
+        let timeout = checked::timeout(&headers)
+            .value()
+            .unwrap_or(self.config.default_timeout);
+        let odd = checked::odd_ones(&headers);
+        if !odd.is_empty() {
+            self.settler.odd_headers(message.topic(), &odd);
+        }
         Polled {
             source: source_of(message),
             timestamp_ms: message.timestamp().to_millis(),

@@ -98,7 +98,7 @@ impl RetryPolicy {
 
     /// Sets the most deliveries per record.
     pub fn max_deliveries(mut self, n: u32) -> Self {
-        self.max_deliveries = Some(n.max(1));
+        self.max_deliveries = Some(n.clamp(1, crate::headers::checked::MAX_ATTEMPT));
         self
     }
 

@@ -1,7 +1,7 @@
 //! Writes markers for the client: shared by the poll thread (Starts) and every delivery handle
 //! (KeepAlive, End, Nack, Reject).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -23,6 +23,9 @@ pub(crate) struct Settler {
     room: (Mutex<()>, Condvar),
     /// Where deliveries and settlements are announced.
     pub(crate) events: EventBus,
+    /// Records polled with a `kr-*` header out of its range (clamped or ignored).
+    odd_headers: AtomicU64,
+    log_limit: crate::log_limit::LogLimit,
 }
 
 impl Settler {
@@ -38,7 +41,28 @@ impl Settler {
             unsettled: AtomicUsize::new(0),
             room: (Mutex::new(()), Condvar::new()),
             events: EventBus::default(),
+            odd_headers: AtomicU64::new(0),
+            log_limit: Default::default(),
         }
+    }
+
+    /// Counts a record of `topic` whose `kr-*` headers were out of range, and says so at most
+    /// once per 10 s.
+    pub(crate) fn odd_headers(&self, topic: &str, odd: &[(&'static str, String)]) {
+        self.odd_headers.fetch_add(1, Ordering::Relaxed);
+        if let Some(held_back) = self.log_limit.allow("odd_headers", std::time::Instant::now()) {
+            tracing::warn!(
+                topic,
+                headers = ?odd,
+                held_back,
+                "kr-* header out of its documented range: clamped or ignored (see the headers module)"
+            );
+        }
+    }
+
+    /// Records polled so far with a `kr-*` header out of range.
+    pub(crate) fn odd_header_count(&self) -> u64 {
+        self.odd_headers.load(Ordering::Relaxed)
     }
 
     /// Queues a marker without waiting; the future resolves when it is durable.

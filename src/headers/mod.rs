@@ -6,6 +6,7 @@
 //! Headers of the records we carry are opaque: names and values are copied byte for byte and
 //! never assumed to be UTF-8 (see [`HeaderName`]).
 
+pub mod checked;
 mod name;
 mod raw;
 
@@ -33,10 +34,11 @@ pub const DLQ_SOURCE: &str = "kr-dlq-source";
 /// from, as `topic/partition@offset`.
 pub const REDRIVEN_FROM: &str = "kr-redriven-from";
 /// Optional, set by a producer: this record's delivery timeout in milliseconds, overriding the
-/// consumer's default.
+/// consumer's default. Read within 1 s ..= 7 days ([`checked::timeout`]).
 pub const TIMEOUT_MS: &str = "kr-timeout-ms";
 /// Optional, set by a producer: the most deliveries this record gets (decimal), lowering the
-/// consumer's retry policy. Copies keep it, so it holds for every redelivery.
+/// consumer's retry policy. Copies keep it, so it holds for every redelivery. Read within
+/// 1 ..= 8191 ([`checked::max_deliveries`]).
 pub const MAX_DELIVERIES: &str = "kr-max-deliveries";
 
 /// On a record delivered from a schedule: where its Schedule marker is, as

@@ -8,6 +8,8 @@
 //! error (a bad name, a duplicate), which the unit tests would hit, so `expect` is used for them.
 #![allow(clippy::expect_used)]
 
+use std::time::Instant;
+
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -25,6 +27,8 @@ pub struct Metrics {
     pub registry: Registry,
     /// Where the same events are announced to in-process subscribers.
     pub events: EventBus,
+    /// Per-record problems are logged once per kind per interval.
+    log_limit: std::sync::Arc<crate::log_limit::LogLimit>,
     markers: IntCounterVec,
     marker_errors: IntCounterVec,
     odd_markers: IntCounterVec,
@@ -221,6 +225,7 @@ impl Metrics {
             ),
             registry: r,
             events: EventBus::default(),
+            log_limit: Default::default(),
             cancelled,
             already_published,
             snapshots,
@@ -275,16 +280,21 @@ impl Metrics {
             .emit(|| Event::new(EventKind::Scheduled, id.clone(), 0));
     }
 
-    /// A markers record could not be decoded and was skipped.
+    /// A markers record could not be decoded and was skipped. Logged at most once per kind
+    /// per 10 s (with the number held back), always counted.
     pub fn marker_error(&self, partition: i32, offset: i64, error: &DecodeError) {
-        tracing::warn!(partition, offset, kind = error.kind(), %error, "skipping undecodable marker");
         self.marker_errors.with_label_values(&[error.kind()]).inc();
+        if let Some(held_back) = self.log_limit.allow(error.kind(), Instant::now()) {
+            tracing::warn!(partition, offset, kind = error.kind(), %error, held_back, "skipping undecodable marker");
+        }
     }
 
-    /// A markers record had no value.
+    /// A markers record had no value. Logged at most once per 10 s, always counted.
     pub fn tombstone(&self, partition: i32, offset: i64) {
-        tracing::warn!(partition, offset, "skipping tombstone on the markers topic");
         self.marker_errors.with_label_values(&["tombstone"]).inc();
+        if let Some(held_back) = self.log_limit.allow("tombstone", Instant::now()) {
+            tracing::warn!(partition, offset, held_back, "skipping tombstone on the markers topic");
+        }
     }
 
     /// A marker contradicted the state and was skipped.
@@ -300,10 +310,12 @@ impl Metrics {
         self.odd_markers.with_label_values(&[oddity.name()]).inc();
     }
 
-    /// Consuming the markers topic returned an error.
+    /// Consuming the markers topic returned an error. Logged at most once per 10 s.
     pub fn consume_error(&self, error: &rdkafka::error::KafkaError) {
-        tracing::warn!(%error, "error consuming the markers topic");
         self.consume_errors.inc();
+        if let Some(held_back) = self.log_limit.allow("consume_error", Instant::now()) {
+            tracing::warn!(%error, held_back, "error consuming the markers topic");
+        }
     }
 
     /// A copy reached its source topic.

@@ -78,10 +78,12 @@ impl Tracker {
     /// Runs until `shutdown` completes, then stops consuming, commits, lets the redelivery
     /// worker finish its current job (up to a grace period) and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), TrackerError> {
-        if self.config.max_deliveries == 0 {
-            return Err(TrackerError::Config(
-                "max deliveries must be at least 1".into(),
-            ));
+        let most = crate::headers::checked::MAX_ATTEMPT;
+        if !(1..=most).contains(&self.config.max_deliveries) {
+            return Err(TrackerError::Config(format!(
+                "max deliveries must be 1 to {most} (the most attempts the tracker counts), not {}",
+                self.config.max_deliveries
+            )));
         }
         // Debug output of the config hides secret librdkafka values (passwords, keys).
         tracing::debug!(config = ?self.config, "tracker starting");

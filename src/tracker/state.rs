@@ -62,6 +62,8 @@ const OFFSET_BITS: u32 = 48;
 const ATTEMPT_BITS: u32 = 13;
 const MAX_OFFSET: i64 = (1 << OFFSET_BITS) - 1;
 const MAX_ATTEMPT: u32 = (1 << ATTEMPT_BITS) - 1;
+// The public bound (headers, `--max-deliveries`) is what these bits can hold.
+const _: () = assert!(MAX_ATTEMPT == crate::headers::checked::MAX_ATTEMPT);
 
 impl Meta {
     fn new(start_offset: i64, attempt: u32, phase: Phase) -> Self {
