@@ -78,7 +78,11 @@ mod tests {
         assert_eq!(limit.allow("a", t0), Some(0));
         assert_eq!(limit.allow("a", t0 + Duration::from_secs(1)), None);
         assert_eq!(limit.allow("a", t0 + Duration::from_secs(2)), None);
-        assert_eq!(limit.allow("b", t0 + Duration::from_secs(2)), Some(0), "kinds apart");
+        assert_eq!(
+            limit.allow("b", t0 + Duration::from_secs(2)),
+            Some(0),
+            "kinds apart"
+        );
         assert_eq!(limit.allow("a", t0 + Duration::from_secs(10)), Some(2));
         assert_eq!(limit.allow("a", t0 + Duration::from_secs(11)), None);
     }

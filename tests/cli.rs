@@ -179,7 +179,7 @@ fn run_refuses_a_missing_markers_topic() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_warns_about_create_time_and_refuses_it_when_strict() {
+async fn run_refuses_a_create_time_markers_topic_unless_allowed() {
     let markers = unique("markers-ct");
     create_topic(&markers, 1, &[("message.timestamp.type", "CreateTime")]).await;
     let out = tracker(
@@ -191,12 +191,16 @@ async fn run_warns_about_create_time_and_refuses_it_when_strict() {
             &markers,
             "--admin-listen",
             "127.0.0.1:0",
-            "--strict-topic-check",
         ],
         &[],
     );
     assert_eq!(out.status.code(), Some(78));
     assert!(stderr(&out).contains("LogAppendTime"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--allow-create-time"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -272,7 +272,10 @@ async fn a_header_name_that_is_not_utf8_is_carried_byte_for_byte() {
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     tracker.wait_ready().await;
     let odd: headers::HeaderList = vec![
-        (vec![0xff, 0xfe, b'k', b'e', b'y'].into(), Some(vec![0x80, 0])),
+        (
+            vec![0xff, 0xfe, b'k', b'e', b'y'].into(),
+            Some(vec![0x80, 0]),
+        ),
         ("trace".into(), Some(b"t-1".to_vec())),
     ];
     produce(&t.source, Some(0), "before", b"1", &[]).await;
@@ -291,9 +294,10 @@ async fn a_header_name_that_is_not_utf8_is_carried_byte_for_byte() {
     let mut c = consumer(&t, Duration::from_secs(2));
     let mut keys = Vec::new();
     for _ in 0..3 {
-        let d = c.recv_timeout(Duration::from_secs(30)).await.unwrap_or_else(|| {
-            panic!("the consumer stopped after {keys:?}: {:?}", c.failure())
-        });
+        let d = c
+            .recv_timeout(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|| panic!("the consumer stopped after {keys:?}: {:?}", c.failure()));
         let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
         keys.push(key.clone());
         if key == "odd" {
@@ -310,7 +314,11 @@ async fn a_header_name_that_is_not_utf8_is_carried_byte_for_byte() {
         .await
         .expect("the tracker redelivers the odd record");
     assert_eq!(copy.attempt(), 2);
-    assert_eq!(&copy.headers()[..2], &odd[..], "the copy carries the headers byte for byte");
+    assert_eq!(
+        &copy.headers()[..2],
+        &odd[..],
+        "the copy carries the headers byte for byte"
+    );
     copy.ack().await.unwrap();
     c.close().await.unwrap();
 }
@@ -347,7 +355,14 @@ async fn kr_headers_out_of_range_are_clamped_or_ignored_and_counted() {
         (headers::MAX_DELIVERIES, "100000", default),
     ];
     for (i, (name, value, _)) in cases.iter().enumerate() {
-        produce(&t.source, Some(0), &format!("h-{i}"), b"x", &[(name, value)]).await;
+        produce(
+            &t.source,
+            Some(0),
+            &format!("h-{i}"),
+            b"x",
+            &[(name, value)],
+        )
+        .await;
     }
     let mut c = consumer(&t, default);
     for (name, value, timeout) in cases {
@@ -357,4 +372,61 @@ async fn kr_headers_out_of_range_are_clamped_or_ignored_and_counted() {
     }
     assert_eq!(c.odd_headers(), 4);
     c.close().await.unwrap();
+}
+
+/// One marker stamped 50 minutes ahead (a broker clock step, or any writer on a `CreateTime`
+/// markers topic; brokers refuse more than an hour by default) used to move partition time
+/// that far forward, so every later delivery was due
+/// the moment it started. It is now counted and ignored: a delivery acked within its timeout
+/// is not redelivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_future_marker_timestamp_does_not_make_deliveries_due() {
+    let source = unique("src");
+    let t = Topics {
+        markers: format!("{source}.markers"),
+        dlq: format!("{source}.dlq"),
+        source,
+    };
+    create_topic(&t.source, 1, &[]).await;
+    // CreateTime, so the test can stamp a marker as it likes.
+    create_topic(&t.markers, 1, &[("message.timestamp.type", "CreateTime")]).await;
+    create_topic(&t.dlq, 1, &[]).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    tracker.wait_ready().await;
+
+    let ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        + 50 * 60_000;
+    let forged = encode(&Marker::End {
+        source: SourceRef::new("nowhere", 0, 1),
+    });
+    producer()
+        .send(
+            FutureRecord::<(), [u8]>::to(&t.markers)
+                .partition(0)
+                .payload(&forged)
+                .timestamp(ahead),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+    tracker
+        .wait_metric("redelivery_clock_jumps_total{kind=\"outlier\"}", 1.0)
+        .await;
+
+    let mut c = consumer(&t, Duration::from_secs(5));
+    produce(&t.source, Some(0), "held", b"v", &[]).await;
+    let d = c.recv_timeout(Duration::from_secs(30)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await; // well within its 5 s timeout
+    d.ack().await.unwrap();
+    assert!(
+        c.recv_timeout(Duration::from_secs(3)).await.is_none(),
+        "a delivery acked in time was redelivered: the clock jumped"
+    );
+    assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 0.0);
+    c.close().await.unwrap();
+    tracker.stop().await;
 }

@@ -170,6 +170,10 @@ pub struct RunArgs {
     /// Refuse to start (instead of warning) when the markers topic has the wrong settings.
     #[arg(long, env = "REDELIVERY_STRICT_TOPIC_CHECK")]
     pub strict_topic_check: bool,
+    /// Start on a markers topic with message.timestamp.type=CreateTime (refused otherwise):
+    /// deadlines then follow the clocks of the hosts that write markers.
+    #[arg(long, env = "REDELIVERY_ALLOW_CREATE_TIME")]
+    pub allow_create_time: bool,
     /// Shortest markers retention accepted without a warning.
     #[arg(long, env = "REDELIVERY_MIN_RETENTION", default_value = "1d", value_parser = parse_duration)]
     pub min_retention: Duration,

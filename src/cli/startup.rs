@@ -48,10 +48,16 @@ pub async fn check_until_reachable(args: &RunArgs) -> Result<(), ExitCode> {
     if attempt > 1 {
         tracing::info!(attempts = attempt, "Kafka reached");
     }
+    let allowed = |p: &topics::SettingProblem| {
+        p.allowed_by == Some("--allow-create-time") && args.allow_create_time
+    };
     for p in &problems {
-        tracing::warn!(fatal = p.fatal, "{}", p.message);
+        tracing::warn!(fatal = p.fatal && !allowed(p), "{}", p.message);
     }
-    if let Some(p) = problems.iter().find(|p| p.fatal || args.strict_topic_check) {
+    if let Some(p) = problems
+        .iter()
+        .find(|p| (p.fatal && !allowed(p)) || args.strict_topic_check)
+    {
         eprintln!("error: refusing to start: {}", p.message);
         return Err(ExitCode::from(EX_CONFIG));
     }

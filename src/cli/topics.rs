@@ -55,6 +55,8 @@ pub struct SettingProblem {
     pub fatal: bool,
     /// What is wrong and how to fix it.
     pub message: String,
+    /// The flag with which an operator accepts this problem and starts anyway.
+    pub allowed_by: Option<&'static str>,
 }
 
 fn client(kafka: &KafkaArgs) -> ClientConfig {
@@ -194,18 +196,23 @@ pub fn markers_problems(
     let mut out = Vec::new();
     let get = |k: &str| config.get(k).map(String::as_str);
     if get("message.timestamp.type") != Some("LogAppendTime") {
+        // Refused by default: one client with a clock far ahead would make every later
+        // delivery of its markers partition look due at once (the clock guard limits the
+        // damage, but only LogAppendTime keeps deadlines on one clock).
         out.push(SettingProblem {
-            fatal: false,
+            fatal: true,
             message: format!(
-                "markers topic `{topic}` has message.timestamp.type={}: deadlines will follow the clocks of the hosts that write markers; set it to LogAppendTime",
+                "markers topic `{topic}` has message.timestamp.type={}: deadlines would follow the clocks of the hosts that write markers; set it to LogAppendTime (or start with --allow-create-time)",
                 get("message.timestamp.type").unwrap_or("?")
             ),
+            allowed_by: Some("--allow-create-time"),
         });
     }
     if get("cleanup.policy").is_some_and(|p| p.contains("compact")) {
         out.push(SettingProblem {
             fatal: true,
             message: format!("markers topic `{topic}` is compacted; markers have no keys and must be kept in order: use cleanup.policy=delete"),
+            allowed_by: None,
         });
     }
     let min_ms = i64::try_from(min_retention.as_millis()).unwrap_or(i64::MAX);
@@ -216,6 +223,7 @@ pub fn markers_problems(
                 "markers topic `{topic}` keeps markers only {}: a delivery in flight longer than that would be lost from the tracker's replay; raise retention.ms",
                 humantime::format_duration(Duration::from_millis(r as u64))
             ),
+            allowed_by: None,
         }),
         _ => {}
     }
@@ -252,7 +260,8 @@ mod tests {
         ]);
         let problems = markers_problems("m", &c, Duration::from_secs(86_400));
         assert_eq!(problems.len(), 3, "{problems:?}");
-        assert_eq!(problems.iter().filter(|p| p.fatal).count(), 1);
+        assert_eq!(problems.iter().filter(|p| p.fatal).count(), 2);
+        assert_eq!(problems[0].allowed_by, Some("--allow-create-time"));
         assert!(problems[0].message.contains("LogAppendTime"));
         assert!(problems[2].message.contains("1m"));
     }

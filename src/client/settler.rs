@@ -50,7 +50,10 @@ impl Settler {
     /// once per 10 s.
     pub(crate) fn odd_headers(&self, topic: &str, odd: &[(&'static str, String)]) {
         self.odd_headers.fetch_add(1, Ordering::Relaxed);
-        if let Some(held_back) = self.log_limit.allow("odd_headers", std::time::Instant::now()) {
+        if let Some(held_back) = self
+            .log_limit
+            .allow("odd_headers", std::time::Instant::now())
+        {
             tracing::warn!(
                 topic,
                 headers = ?odd,

@@ -132,7 +132,11 @@ mod tests {
         let t = |v: &[u8]| timeout(&with(TIMEOUT_MS, v));
         assert_eq!(t(b"30000"), Checked::Valid(Duration::from_secs(30)));
         assert_eq!(t(b" 1500 "), Checked::Valid(Duration::from_millis(1500)));
-        assert_eq!(t(b"30"), Checked::Clamped(MIN_TIMEOUT), "seconds written as ms");
+        assert_eq!(
+            t(b"30"),
+            Checked::Clamped(MIN_TIMEOUT),
+            "seconds written as ms"
+        );
         assert_eq!(t(b"99999999999"), Checked::Clamped(MAX_TIMEOUT));
         for nonsense in [&b"0"[..], b"-5", b"30s", b"", b"\xff\xfe", b"1e3"] {
             assert_eq!(t(nonsense), Checked::Ignored, "{nonsense:?}");

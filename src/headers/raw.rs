@@ -37,7 +37,8 @@ pub(super) fn read(headers: &BorrowedHeaders) -> HeaderList {
         let mut size: usize = 0;
         // SAFETY: `idx < count`; librdkafka writes a NUL-terminated name pointer and a value
         // pointer and size, all owned by `hdrs` and valid while it is.
-        let err = unsafe { rd::rd_kafka_header_get_all(hdrs, idx, &mut name, &mut value, &mut size) };
+        let err =
+            unsafe { rd::rd_kafka_header_get_all(hdrs, idx, &mut name, &mut value, &mut size) };
         if RDKafkaErrorCode::from(err) != RDKafkaErrorCode::NoError || name.is_null() {
             continue;
         }
@@ -89,7 +90,10 @@ mod tests {
     #[test]
     fn names_and_values_round_trip_byte_for_byte() {
         let list: HeaderList = vec![
-            (HeaderName::from(vec![0xff, 0xfe, b'k', b'e', b'y']), Some(vec![0, 159, 255])),
+            (
+                HeaderName::from(vec![0xff, 0xfe, b'k', b'e', b'y']),
+                Some(vec![0, 159, 255]),
+            ),
             (HeaderName::from("trace"), None),
             (HeaderName::from("empty"), Some(Vec::new())),
             (HeaderName::from("trace"), Some(b"second".to_vec())),

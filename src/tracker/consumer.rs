@@ -226,6 +226,14 @@ impl ConsumerContext for TrackerContext {
     }
 }
 
+/// The host's wall clock in milliseconds since the epoch: only a plausibility bound on marker
+/// timestamps while a partition replays (see `clock`), never partition time itself.
+fn wall_clock_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 fn random_nonce() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     // RandomState is seeded from the OS; hashing the time gives a fresh value per call.
@@ -262,10 +270,11 @@ impl MarkersLoop {
                 // One reading of the clock for the whole batch: these markers were all fetched
                 // by now, and a clock read per marker cost a quarter of this loop's CPU.
                 let at = Instant::now();
-                self.handle(result, at);
+                let wall_ms = wall_clock_ms();
+                self.handle(result, at, wall_ms);
                 for _ in 0..10_000 {
                     match self.consumer.poll(Duration::ZERO) {
-                        Some(result) => self.handle(result, at),
+                        Some(result) => self.handle(result, at, wall_ms),
                         None => break,
                     }
                 }
@@ -285,7 +294,9 @@ impl MarkersLoop {
         tracing::info!(partitions = ids.len(), "final commit done");
     }
 
-    fn handle(&self, result: KafkaResult<BorrowedMessage<'_>>, at: Instant) {
+    /// Applies one markers record read at `at` (host wall clock `wall_ms`, the bound on
+    /// marker timestamps during replay).
+    fn handle(&self, result: KafkaResult<BorrowedMessage<'_>>, at: Instant, wall_ms: i64) {
         let m = match result {
             Ok(m) => m,
             Err(e) => return self.metrics.consume_error(&e),
@@ -315,11 +326,17 @@ impl MarkersLoop {
             }
             return;
         }
-        p.observe(m.offset(), m.timestamp().to_millis(), at);
+        let ts = p.observe(
+            m.offset(),
+            m.timestamp().to_millis(),
+            at,
+            wall_ms,
+            &self.metrics,
+        );
         if m.offset() < p.skip_below {
             return; // already in the restored snapshot
         }
-        let Some(ts) = m.timestamp().to_millis() else {
+        let Some(ts) = ts else {
             return self.metrics.marker_error(
                 m.partition(),
                 m.offset(),

@@ -32,6 +32,7 @@ pub struct Metrics {
     markers: IntCounterVec,
     marker_errors: IntCounterVec,
     odd_markers: IntCounterVec,
+    clock_jumps: IntCounterVec,
     in_flight: IntGaugeVec,
     oldest_age: IntGaugeVec,
     partition_ready: IntGaugeVec,
@@ -217,6 +218,13 @@ impl Metrics {
                 "Schedules waiting for their due time",
                 &["partition"],
             ),
+            clock_jumps: counter(
+                &r,
+                "redelivery_clock_jumps_total",
+                "Marker timestamps far ahead of partition time: kind=outlier (ignored, the marker \
+                 applied at partition time) or moved (believed after a minute of them)",
+                &["kind"],
+            ),
             published: counter(
                 &r,
                 "redelivery_schedules_published_total",
@@ -293,7 +301,12 @@ impl Metrics {
     pub fn tombstone(&self, partition: i32, offset: i64) {
         self.marker_errors.with_label_values(&["tombstone"]).inc();
         if let Some(held_back) = self.log_limit.allow("tombstone", Instant::now()) {
-            tracing::warn!(partition, offset, held_back, "skipping tombstone on the markers topic");
+            tracing::warn!(
+                partition,
+                offset,
+                held_back,
+                "skipping tombstone on the markers topic"
+            );
         }
     }
 
@@ -308,6 +321,34 @@ impl Metrics {
         let source = source.map(ToString::to_string).unwrap_or_default();
         tracing::debug!(partition, offset, kind = oddity.name(), %source, "marker does not match the state");
         self.odd_markers.with_label_values(&[oddity.name()]).inc();
+    }
+
+    /// A marker timestamp too far ahead of partition time: it did not move the clock and the
+    /// marker was applied at partition time. Logged at most once per 10 s, always counted.
+    pub fn clock_outlier(&self, partition: i32, offset: i64, ahead_ms: i64) {
+        self.clock_jumps.with_label_values(&["outlier"]).inc();
+        if let Some(held_back) = self.log_limit.allow("clock_outlier", Instant::now()) {
+            tracing::warn!(
+                partition,
+                offset,
+                ahead_ms,
+                held_back,
+                "marker timestamp far ahead of partition time (broker clock step? CreateTime?); \
+                 not moving the clock"
+            );
+        }
+    }
+
+    /// Marker timestamps stayed far ahead long enough to be believed: partition time jumped.
+    pub fn clock_moved(&self, partition: i32, offset: i64, from_ms: i64, to_ms: i64) {
+        self.clock_jumps.with_label_values(&["moved"]).inc();
+        tracing::warn!(
+            partition,
+            offset,
+            from_ms,
+            to_ms,
+            "marker timestamps stayed ahead for a minute: partition time moves forward to them"
+        );
     }
 
     /// Consuming the markers topic returned an error. Logged at most once per 10 s.

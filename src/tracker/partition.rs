@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::marker::Marker;
 
-use super::clock::PartitionClock;
+use super::clock::{PartitionClock, Reading};
 use super::metrics::Metrics;
 use super::snapshot_store::{InFlight, Pointer};
 use super::state::{Applied, Expiry, PartitionState};
@@ -62,6 +62,9 @@ pub struct OwnedPartition {
     pub skip_below: i64,
     /// The partition is paused until its snapshot is restored; next try at this instant.
     pub restore_at: Option<Instant>,
+    /// The broker timestamp of the last record read, as it came, and when it was read: the
+    /// catch-up Tick sets the clock to it.
+    last_read: Option<(i64, Instant)>,
 }
 
 impl OwnedPartition {
@@ -84,6 +87,7 @@ impl OwnedPartition {
             last_snapshot_at: None,
             skip_below: 0,
             restore_at: None,
+            last_read: None,
         }
     }
 
@@ -153,7 +157,11 @@ impl OwnedPartition {
                 if matches!(self.catch_up, CatchUp::Replaying { nonce: want, .. } if want == nonce)
                 {
                     self.catch_up = CatchUp::Ready;
-                    self.ready_at_ms = Some(timestamp_ms);
+                    // The broker's time when this tracker took the partition, even if replay
+                    // met a marker stamped later (see `clock`).
+                    let (raw, at) = self.last_read.unwrap_or((timestamp_ms, Instant::now()));
+                    self.clock.reset(raw, at);
+                    self.ready_at_ms = Some(raw);
                     tracing::info!(
                         partition = self.id,
                         offset,
@@ -184,11 +192,33 @@ impl OwnedPartition {
         due
     }
 
-    /// Notes that a record (marker or not) at `offset` with `timestamp_ms` was read at `at`.
-    pub fn observe(&mut self, offset: i64, timestamp_ms: Option<i64>, at: Instant) {
+    /// Notes that a record (marker or not) at `offset` with `timestamp_ms` was read at `at`,
+    /// with the host's wall clock at `wall_ms`. Returns the timestamp to apply its marker at:
+    /// its own, or partition time if it lies too far ahead (counted and logged; see `clock`).
+    pub fn observe(
+        &mut self,
+        offset: i64,
+        timestamp_ms: Option<i64>,
+        at: Instant,
+        wall_ms: i64,
+        metrics: &Metrics,
+    ) -> Option<i64> {
         self.next_offset = Some(offset + 1);
-        if let Some(ts) = timestamp_ms {
-            self.clock.observe(ts, at);
+        let ts = timestamp_ms?;
+        self.last_read = Some((ts, at));
+        match self.clock.observe(ts, at, wall_ms, !self.is_ready()) {
+            Reading::Believed => Some(ts),
+            Reading::Outlier {
+                ahead_ms,
+                apply_at_ms,
+            } => {
+                metrics.clock_outlier(self.id, offset, ahead_ms);
+                Some(apply_at_ms)
+            }
+            Reading::Moved { from_ms } => {
+                metrics.clock_moved(self.id, offset, from_ms, ts);
+                Some(ts)
+            }
         }
     }
 }

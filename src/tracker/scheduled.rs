@@ -83,10 +83,7 @@ mod tests {
         );
         assert_eq!(
             headers::from_kafka(m.headers()),
-            vec![
-                ("a".into(), Some(b"1".to_vec())),
-                ("b".into(), None)
-            ]
+            vec![("a".into(), Some(b"1".to_vec())), ("b".into(), None)]
         );
     }
 

@@ -229,7 +229,9 @@ fn joined<T>(name: &str, r: Joined<T>) -> Result<T, TrackerError> {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(why)) => {
             tracing::error!(thread = name, reason = %why, "a tracker thread panicked");
-            Err(TrackerError::Thread(format!("the {name} thread panicked: {why}")))
+            Err(TrackerError::Thread(format!(
+                "the {name} thread panicked: {why}"
+            )))
         }
         Err(_) => Err(TrackerError::Thread(format!("the {name} thread vanished"))),
     }
