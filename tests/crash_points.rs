@@ -118,3 +118,49 @@ async fn crash_after_end_sent_loses_nothing() {
     // The first ack's End may or may not be durable; every other delivery in hand comes back.
     crash_at("after-end-sent", &[]).await;
 }
+
+/// A Start that fails, then a seek back to it that fails too (failpoints `fail:start-once`
+/// and `fail:seek`): later batches of that partition used to be committed past the record,
+/// whose Start never became durable, so it was lost. Now the partition is held: nothing of it
+/// from that record on is committed. The worker is killed while held, and a fresh consumer
+/// gets every record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_start_whose_seek_fails_too_is_never_committed_past() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 10));
+    tracker.wait_ready().await;
+    let group = unique("workers");
+    produce_many(&t.source, 1, "first", 10).await;
+    let mut worker = ChildGuard(
+        worker_command(&t, &group)
+            // It never settles: everything it was handed comes back as a copy.
+            .args(["--timeout", "2s", "--process-time", "1h"])
+            .args(["-X", "session.timeout.ms=6000"])
+            .env("KR_FAILPOINT", "fail:start-once,fail:seek")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log_file(&group)))
+            .spawn()
+            .unwrap(),
+    );
+    // The first batch fails and is held; a second batch arrives while it is.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    produce_many(&t.source, 1, "second", 10).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(worker.try_wait().unwrap().is_none(), "the worker exited");
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+
+    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30));
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.len() < 20 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Some(d) = c.recv_timeout(left).await else {
+            panic!("lost records: got {} of 20: {seen:?}", seen.len());
+        };
+        seen.insert(String::from_utf8_lossy(d.key().unwrap()).into_owned());
+        d.ack().await.unwrap();
+    }
+    c.close().await.unwrap();
+    tracker.stop().await;
+}

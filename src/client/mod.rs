@@ -129,6 +129,7 @@ impl RedeliveryConsumer {
             config,
             out: tx,
             stop: stop.clone(),
+            held: Default::default(),
         };
         let record = died.clone();
         let thread = std::thread::Builder::new()

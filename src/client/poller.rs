@@ -11,10 +11,15 @@
 //! travel while the oldest batch waits for its own); batches are finished strictly in the order
 //! they were polled, so each batch's steps 2–4 still happen in that order.
 //!
+//! If the seek back fails, the partition is *held*: nothing of it from that record on is handed
+//! out or committed, and the seek is retried on every turn of the loop until it succeeds (or
+//! the partition is taken away, and its next owner starts from the committed offset).
+//!
 //! So a source offset is never committed before its Start is durable. A crash before step 3
 //! re-polls the batch (duplicate Starts, which the tracker absorbs); a crash after it leaves the
 //! Starts in the markers topic, and the tracker redelivers after the timeout.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -60,6 +65,9 @@ pub(crate) struct Poller {
     /// The consumer's retry policy, shared by every delivery.
     pub(crate) retry: Arc<RetryPolicy>,
     pub(crate) stop: Arc<AtomicBool>,
+    /// Partitions whose seek back to a failed Start failed too: from that offset on, nothing
+    /// of them is handed out or committed until a seek succeeds.
+    pub(crate) held: RefCell<BTreeMap<(String, i32), i64>>,
 }
 
 /// Batches whose Starts are on their way, at most this many at once: while the oldest waits
@@ -89,6 +97,7 @@ impl Poller {
         let mut pipeline: VecDeque<InFlight> = VecDeque::new();
         let max = self.config.max_unsettled;
         while !self.stop.load(Ordering::Relaxed) && !self.out.is_closed() {
+            self.retry_held(&mut pipeline);
             let queued: usize = pipeline.iter().map(|b| b.batch.len()).sum();
             let room = max.saturating_sub(self.settler.unsettled() + queued);
             // Back-pressure. A short stall (the application settles a moment later) only waits:
@@ -229,14 +238,15 @@ impl Poller {
                     timeout_ms: duration_to_ms_u32(p.timeout),
                     attempt: p.attempt,
                 };
-                self.settler.send(&marker)
+                // A failpoint can make a Start fail as the broker would: never written.
+                (!failpoint::fails("start")).then(|| self.settler.send(&marker))
             })
             .collect();
         failpoint::hit("after-start-sent");
         let starts = join_all(futures.into_iter().map(|f| async move {
             match f {
-                Ok(f) => matches!(f.await, Ok(Ok(_))),
-                Err(_) => false,
+                Some(Ok(f)) => matches!(f.await, Ok(Ok(_))),
+                Some(Err(_)) | None => false,
             }
         }));
         InFlight {
@@ -254,7 +264,7 @@ impl Poller {
         let (batch, durable): (Vec<Polled>, Vec<bool>) = batch
             .into_iter()
             .zip(durable)
-            .filter(|(p, _)| !is_rewound(&rewound, &p.source))
+            .filter(|(p, _)| !is_rewound(&rewound, &p.source) && !self.is_held(&p.source))
             .unzip();
         let (handed, failed) = split_at_first_failure(batch, durable);
         for (topic, partition, offset) in &failed {
@@ -264,13 +274,10 @@ impl Poller {
                 offset,
                 "Start marker not durable; not committing past it and polling it again"
             );
-            if let Err(e) = self.consumer.seek(
-                topic,
-                *partition,
-                Offset::Offset(*offset),
-                Duration::from_secs(5),
-            ) {
-                tracing::warn!(error = %e, topic, partition, "seek back failed; the record will be re-read after the next rebalance");
+            if !self.seek_back(topic, *partition, *offset) {
+                let mut held = self.held.borrow_mut();
+                let at = held.entry((topic.clone(), *partition)).or_insert(*offset);
+                *at = (*at).min(*offset);
             }
             // Batches polled before the seek hold records past it: those come again.
             for b in later.iter_mut() {
@@ -288,6 +295,71 @@ impl Poller {
             }
         }
         failed.is_empty()
+    }
+
+    /// Seeks `topic`/`partition` back to `offset`; false (logged) if that failed.
+    fn seek_back(&self, topic: &str, partition: i32, offset: i64) -> bool {
+        let result = if failpoint::fails("seek") {
+            Err(rdkafka::error::KafkaError::Seek("failpoint".into()))
+        } else {
+            self.consumer.seek(
+                topic,
+                partition,
+                Offset::Offset(offset),
+                Duration::from_secs(5),
+            )
+        };
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    topic,
+                    partition,
+                    offset,
+                    "seek back failed; holding the partition (nothing of it from this offset on \
+                     is handed out or committed) and trying again"
+                );
+                false
+            }
+        }
+    }
+
+    /// Whether `s` lies in a held partition at or after the record it must be re-read from.
+    fn is_held(&self, s: &SourceRef) -> bool {
+        self.held
+            .borrow()
+            .get(&(s.topic.clone(), s.partition))
+            .is_some_and(|&from| s.offset >= from)
+    }
+
+    /// Tries the seek of each held partition again. A partition no longer assigned is let go:
+    /// its next owner starts from the committed offset, which never passed the held record.
+    fn retry_held(&self, pipeline: &mut VecDeque<InFlight>) {
+        if self.held.borrow().is_empty() {
+            return;
+        }
+        let assigned = self.consumer.assignment().ok();
+        let held: Vec<((String, i32), i64)> = self
+            .held
+            .borrow()
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        for ((topic, partition), offset) in held {
+            let ours = assigned.as_ref().is_none_or(|a| {
+                a.find_partition(&topic, partition).is_some()
+            });
+            if ours && !self.seek_back(&topic, partition, offset) {
+                continue;
+            }
+            self.held.borrow_mut().remove(&(topic.clone(), partition));
+            // Batches polled while held may hold records past the seek: those come again.
+            for b in pipeline.iter_mut() {
+                b.rewound.push((topic.clone(), partition, offset));
+            }
+            tracing::info!(topic, partition, offset, ours, "held partition released");
+        }
     }
 
     fn commit(&self, handed: &[Polled]) {
