@@ -455,6 +455,7 @@ impl MarkersLoop {
         let mut tpl = TopicPartitionList::new();
         let mut all_ready = owned.assigned_once;
         let mut views = Vec::with_capacity(owned.partitions.len());
+        let mut naming: Vec<(i32, Option<u64>)> = Vec::new();
         for p in owned.partitions.values_mut() {
             let now_ms = p.clock.now_ms(now).unwrap_or(0);
             let ready = p.is_ready();
@@ -503,9 +504,12 @@ impl MarkersLoop {
                 );
             }
             let (offset, metadata) = p.commit_point_from(oldest);
-            if p.committed != Some(offset) {
+            let epoch = p.snapshot.map(|s| s.epoch);
+            // A new pointer is committed even if the offset stays (see `committed_epoch`).
+            if p.committed != Some(offset) || p.committed_epoch != epoch {
                 add_commit(&mut tpl, &self.config.markers_topic, p.id, offset, metadata);
                 p.committed = Some(offset);
+                naming.push((p.id, epoch));
             }
         }
         if let Ok(mut view) = self.view.lock() {
@@ -522,12 +526,20 @@ impl MarkersLoop {
             // report async commit results to a BaseConsumer without a commit callback queue).
             // One round trip per interval, off the per-marker path.
             let result = self.consumer.commit(&tpl, CommitMode::Sync);
+            let mut owned = self.consumer.context().lock();
             if result.is_err() {
                 // Try every partition again on the next interval.
-                for p in self.consumer.context().lock().partitions.values_mut() {
+                for p in owned.partitions.values_mut() {
                     p.committed = None;
                 }
+            } else {
+                for (id, epoch) in naming {
+                    if let Some(p) = owned.partitions.get_mut(&id) {
+                        p.committed_epoch = epoch;
+                    }
+                }
             }
+            drop(owned);
             self.metrics.commit(&result);
         }
     }

@@ -54,6 +54,11 @@ pub struct OwnedPartition {
     pub ready_at_ms: Option<i64>,
     /// The latest durable snapshot of this partition, named in every commit.
     pub snapshot: Option<Pointer>,
+    /// The epoch of the snapshot named by the last commit known to have succeeded. A new
+    /// snapshot is begun only when this is the latest one: its chunks reuse the keys of the
+    /// epoch before, which compaction may then remove, so that epoch must no longer be the
+    /// committed one (commits that keep failing would otherwise leave it named).
+    pub committed_epoch: Option<u64>,
     /// A snapshot being written.
     pub snapshot_in_flight: Option<InFlight>,
     /// When the last snapshot was begun.
@@ -83,6 +88,7 @@ impl OwnedPartition {
             redeliveries: 0,
             ready_at_ms: None,
             snapshot: None,
+            committed_epoch: None,
             snapshot_in_flight: None,
             last_snapshot_at: None,
             skip_below: 0,
@@ -102,6 +108,7 @@ impl OwnedPartition {
         );
         self.state = state;
         self.snapshot = Some(pointer);
+        self.committed_epoch = Some(pointer.epoch);
         self.skip_below = pointer.covers;
         self.restore_at = None;
     }
@@ -122,6 +129,12 @@ impl OwnedPartition {
             Some(s) => (oldest.max(s.covers), Some(s.to_metadata())),
             None => (oldest, None),
         }
+    }
+
+    /// Whether the latest snapshot is the one the last successful commit named (or there is
+    /// none), so that a new one may reuse the keys of the one before it.
+    pub fn snapshot_committed(&self) -> bool {
+        self.snapshot.is_none_or(|s| self.committed_epoch == Some(s.epoch))
     }
 
     /// Whether replay is over.
@@ -226,6 +239,24 @@ impl OwnedPartition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_snapshot_waits_until_the_latest_is_committed() {
+        let mut p = OwnedPartition::new("m", 0, 1);
+        assert!(p.snapshot_committed(), "no snapshot yet");
+        let pointer = |epoch| Pointer {
+            epoch,
+            first: 0,
+            last: 0,
+            covers: 10,
+        };
+        p.restore(pointer(3), PartitionState::at("m", 0));
+        assert!(p.snapshot_committed(), "a restored pointer was committed");
+        p.snapshot = Some(pointer(4)); // durable, its commit not yet made (or failing)
+        assert!(!p.snapshot_committed(), "epoch 5 would reuse epoch 3's keys");
+        p.committed_epoch = Some(4);
+        assert!(p.snapshot_committed());
+    }
 
     #[test]
     fn ready_only_after_its_own_tick() {

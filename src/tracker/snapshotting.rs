@@ -94,7 +94,8 @@ pub fn restore<C: ConsumerContext>(
 
 /// Begins a snapshot of `p` if a restart would replay at least `snapshot_after_markers`
 /// markers and the last one is old enough. Only a ready partition with no snapshot being
-/// written is snapshotted.
+/// written, whose latest snapshot has been committed, is snapshotted (compaction safety: see
+/// [`OwnedPartition::committed_epoch`]).
 pub fn maybe_start(
     p: &mut OwnedPartition,
     config: &TrackerConfig,
@@ -107,6 +108,7 @@ pub fn maybe_start(
     if config.snapshot_after_markers == 0
         || !p.is_ready()
         || p.snapshot_in_flight.is_some()
+        || !p.snapshot_committed()
         || p.last_snapshot_at
             .is_some_and(|t| now.duration_since(t) < config.snapshot_min_interval)
     {
