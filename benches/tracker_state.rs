@@ -141,6 +141,44 @@ fn memory_per_schedule() {
     drop(black_box(s));
 }
 
+/// One schedule due in 30 days, then 30 days of steady traffic (a Start and its End every
+/// second of partition time) behind it: memory must follow what is in flight (two items at
+/// most), not how long the oldest has waited.
+fn memory_with_an_old_schedule() {
+    let month_s: i64 = 30 * 24 * 3600;
+    let before = rss_bytes();
+    let mut s = PartitionState::at("orders.markers", 0);
+    let m = Marker::Schedule {
+        not_before_ms: month_s * 1_000,
+        delay_ms: 0,
+        record: Box::new(ScheduledRecord::to("orders").key("later")),
+    };
+    s.on_marker(0, 0, &m);
+    for i in 0..month_s {
+        let src = source(i);
+        let start = Marker::Start {
+            source: src.clone(),
+            timeout_ms: 30_000,
+            attempt: 1,
+        };
+        s.on_marker(1 + 2 * i, i * 1_000, &start);
+        s.on_marker(2 + 2 * i, i * 1_000 + 10, &Marker::End { source: src });
+        if i % 60 == 0 {
+            // The tracker summarises once per commit interval; that is where samples are pruned.
+            black_box(s.summary(3 + 2 * i, i * 1_000));
+        }
+    }
+    let after = rss_bytes();
+    if let (Some(b), Some(a)) = (before, after) {
+        println!(
+            "memory: one schedule pending for 30 days under {month_s} Start/End pairs: {} in flight, resident set grew by {:.2} MiB",
+            s.in_flight(),
+            (a.saturating_sub(b)) as f64 / (1024.0 * 1024.0),
+        );
+    }
+    drop(black_box(s));
+}
+
 fn main() {
     // Each memory figure needs a fresh process: memory freed by the first would be reused by
     // the second without growing the resident set.
@@ -148,10 +186,14 @@ fn main() {
         memory_per_schedule();
         return;
     }
+    if std::env::var_os("KR_BENCH_AGED").is_some() {
+        memory_with_an_old_schedule();
+        return;
+    }
     if let Ok(me) = std::env::current_exe() {
-        let _ = std::process::Command::new(me)
-            .env("KR_BENCH_SCHEDULES", "1")
-            .status();
+        for case in ["KR_BENCH_SCHEDULES", "KR_BENCH_AGED"] {
+            let _ = std::process::Command::new(&me).env(case, "1").status();
+        }
     }
     memory_per_delivery();
     let mut c = Criterion::default()

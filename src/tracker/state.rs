@@ -15,7 +15,7 @@
 //! choosing collisions, and it is several times cheaper than SipHash on a 16-byte key.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
@@ -235,9 +235,9 @@ pub struct PartitionState {
     deadlines: BinaryHeap<Reverse<(i64, u32)>>,
     /// Reasons of rejected deliveries, only until they are dispatched.
     reject_reasons: HashMap<Key, String>,
-    /// (Start marker offset, timestamp) samples at most one per second, to tell the age of the
-    /// oldest delivery without storing a start time per delivery.
-    time_index: VecDeque<(i64, i64)>,
+    /// When in-flight items started, to tell the age of the oldest delivery without storing
+    /// a start time per delivery; bounded in size.
+    time_index: TimeIndex,
 }
 
 fn hash(key: &Key) -> u64 {
@@ -365,9 +365,7 @@ impl PartitionState {
     }
 
     fn sample_time(&mut self, offset: i64, ts: i64) {
-        if self.time_index.back().is_none_or(|&(_, t)| ts >= t + 1000) {
-            self.time_index.push_back((offset, ts));
-        }
+        self.time_index.sample(offset, ts);
     }
 
     fn reschedule(&mut self, source: &SourceRef, due: i64, phase: Phase, ok: Applied) -> Applied {
@@ -508,17 +506,10 @@ impl PartitionState {
         let min_start = oldest.meta.start_offset();
         let key = oldest.key;
         let oldest = SourceRef::new(self.topics.name(key.topic), key.partition, key.offset);
-        // Keep the last sample at or before the oldest Start; older ones are no longer needed.
-        while self.time_index.get(1).is_some_and(|&(o, _)| o <= min_start) {
-            self.time_index.pop_front();
-        }
+        self.time_index.prune(min_start);
         // The age is the oldest *delivery's*: a schedule for next week is not a stuck consumer.
         let oldest_age_ms = oldest_delivery.map_or(0, |start| {
-            let after = self.time_index.partition_point(|&(o, _)| o <= start);
-            let ts = after
-                .checked_sub(1)
-                .and_then(|i| self.time_index.get(i))
-                .map_or(now_ms, |&(_, t)| t);
+            let ts = self.time_index.stamped_by(start).unwrap_or(now_ms);
             (now_ms - ts).max(0)
         });
         Summary {
@@ -605,6 +596,8 @@ impl PartitionState {
 }
 
 mod export;
+mod time_index;
+use time_index::TimeIndex;
 pub use export::{EntryKind, Exported, ExportedEntry};
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! The snapshot format (`tracker::snapshot`) turns an [`Exported`] into bytes; this module
 //! only moves entries out of and into the slab, index and heap, which it can see.
 
-use std::collections::VecDeque;
 
 use super::{Key, Meta, PartitionState, Phase, Slot};
 
@@ -112,7 +111,7 @@ impl PartitionState {
         Exported {
             topics,
             entries,
-            time_samples: self.time_index.iter().copied().collect(),
+            time_samples: self.time_index.samples().collect(),
         }
     }
 
@@ -146,7 +145,7 @@ impl PartitionState {
                 state.reject_reasons.insert(key, reason);
             }
         }
-        state.time_index = VecDeque::from(data.time_samples);
+        state.time_index = super::TimeIndex::from_samples(data.time_samples);
         (state, skipped)
     }
 }
