@@ -353,3 +353,55 @@ async fn a_tracker_killed_between_publishing_and_its_end_does_not_publish_twice(
         "the restarted tracker did not recognise what its predecessor published"
     );
 }
+
+/// A rolling restart: of two replicas, one is stopped gracefully and started again while
+/// hundreds of schedules fall due. A revoked partition's queued and parked work is dropped
+/// before the partition is given up (`fence`), so the replica taking it over is the only one
+/// to publish: each schedule arrives exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_two_replicas_publishes_each_schedule_once() {
+    const N: usize = 600;
+    let t = topics(4, 4).await;
+    let group = unique("tracker");
+    let start_tracker = || {
+        let (mut c, admin) = Cluster::shared().tracker_command(&t, &group, 5);
+        let child = c
+            .args(["-X", "session.timeout.ms=6000"])
+            .stderr(std::process::Stdio::from(log_file(&group)))
+            .spawn()
+            .unwrap();
+        (ChildGuard(child), admin)
+    };
+    let (mut a, admin_a) = start_tracker();
+    let (_b, admin_b) = start_tracker();
+    wait_ready_http(&admin_a).await;
+    wait_ready_http(&admin_b).await;
+    let s = scheduler(&t).await;
+    let sends = (0..N).map(|i| {
+        let s = s.clone();
+        let delay = Duration::from_millis(rand::random::<u64>() % 10_000 + 3_000);
+        let record = ScheduledRecord::to(&t.source).key(format!("r-{i}"));
+        async move { s.send_after(record, delay).await }
+    });
+    for r in futures::future::join_all(sends).await {
+        r.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    sigterm(&a.0);
+    assert!(a.0.wait().unwrap().success(), "graceful stop");
+    let (_a, admin_a) = start_tracker();
+    wait_ready_http(&admin_a).await;
+
+    let got = read(&t.source, N, Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let all = read(&t.source, N + 1, Duration::from_secs(5));
+    assert!(got.len() >= N, "only {} of {N} arrived", got.len());
+    let mut seen = std::collections::HashMap::new();
+    for m in &all {
+        let id = header(m, kafka_redelivery::headers::SCHEDULE_ID).unwrap();
+        *seen.entry(id).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, &n)| n > 1).collect();
+    assert_eq!(seen.len(), N, "some schedules never arrived");
+    assert!(twice.is_empty(), "published more than once: {twice:?}");
+}

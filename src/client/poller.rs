@@ -347,9 +347,9 @@ impl Poller {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
         for ((topic, partition), offset) in held {
-            let ours = assigned.as_ref().is_none_or(|a| {
-                a.find_partition(&topic, partition).is_some()
-            });
+            let ours = assigned
+                .as_ref()
+                .is_none_or(|a| a.find_partition(&topic, partition).is_some());
             if ours && !self.seek_back(&topic, partition, offset) {
                 continue;
             }

@@ -23,6 +23,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use crate::marker::{decode, encode, Marker};
 
 use super::config::TrackerConfig;
+use super::fence::Fence;
 use super::inspect::{PartitionView, SharedView, TrackerView};
 use super::metrics::Metrics;
 use super::partition::OwnedPartition;
@@ -49,7 +50,12 @@ pub(crate) struct TrackerContext {
     config: Arc<TrackerConfig>,
     /// Where snapshots are read from and written to (see `snapshotting`).
     snapshots: SnapshotTopics,
+    /// Ownership as the redelivery worker sees it.
+    fence: Arc<Fence>,
 }
+
+/// How long a revocation waits for a redelivery pass already acting for the partition.
+pub(crate) const PASS_WAIT: Duration = Duration::from_secs(10);
 
 /// The snapshots topic, for the two uses that must not depend on each other.
 #[derive(Debug, Clone, Default)]
@@ -68,6 +74,7 @@ impl TrackerContext {
         metrics: Metrics,
         config: Arc<TrackerConfig>,
         snapshots: SnapshotTopics,
+        fence: Arc<Fence>,
     ) -> Self {
         TrackerContext {
             owned: Mutex::new(Owned::default()),
@@ -75,6 +82,20 @@ impl TrackerContext {
             markers_topic: config.markers_topic.clone(),
             config,
             snapshots,
+            fence,
+        }
+    }
+
+    /// Stops the redelivery worker acting for `ids` (queued and parked work is dropped) and
+    /// waits for a pass under way, before the partitions are committed and given up.
+    fn fence_off(&self, ids: &[i32]) {
+        if !self.fence.revoke(ids, PASS_WAIT) {
+            tracing::warn!(
+                partitions = ?ids,
+                wait = ?PASS_WAIT,
+                "a redelivery pass for revoked partitions is still running; its copies may \
+                 duplicate the new owner's"
+            );
         }
     }
 
@@ -188,6 +209,7 @@ impl ConsumerContext for TrackerContext {
         match rebalance {
             Rebalance::Revoke(tpl) => {
                 let ids: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                self.fence_off(&ids);
                 let mut owned = self.lock();
                 self.commit_now(consumer, &mut owned, &ids);
                 for id in ids {
@@ -216,7 +238,9 @@ impl ConsumerContext for TrackerContext {
                 owned.partitions.entry(id).or_insert_with(|| {
                     tracing::info!(partition = id, "partition assigned; replaying");
                     new.push(id);
-                    OwnedPartition::new(&self.markers_topic, id, random_nonce())
+                    let mut p = OwnedPartition::new(&self.markers_topic, id, random_nonce());
+                    p.generation = self.fence.grant(id);
+                    p
                 });
             }
             drop(owned);
@@ -288,8 +312,10 @@ impl MarkersLoop {
             }
         }
         let ctx = self.consumer.context();
+        let ids: Vec<i32> = ctx.lock().partitions.keys().copied().collect();
+        // Before the group is left: the worker must not act for partitions a replica takes.
+        ctx.fence_off(&ids);
         let mut owned = ctx.lock();
-        let ids: Vec<i32> = owned.partitions.keys().copied().collect();
         ctx.commit_now(&self.consumer, &mut owned, &ids);
         tracing::info!(partitions = ids.len(), "final commit done");
     }
@@ -436,6 +462,7 @@ impl MarkersLoop {
             p.redeliveries += expiries.len() as u64;
             let job = Job {
                 markers_partition: p.id,
+                generation: p.generation,
                 expiries,
                 taken_at_ms: now_ms,
                 taken_at: now,

@@ -33,6 +33,7 @@ pub struct Metrics {
     marker_errors: IntCounterVec,
     odd_markers: IntCounterVec,
     clock_jumps: IntCounterVec,
+    fenced: IntCounterVec,
     in_flight: IntGaugeVec,
     oldest_age: IntGaugeVec,
     partition_ready: IntGaugeVec,
@@ -225,6 +226,13 @@ impl Metrics {
                  applied at partition time) or moved (believed after a minute of them)",
                 &["kind"],
             ),
+            fenced: counter(
+                &r,
+                "redelivery_fenced_deliveries_total",
+                "Due deliveries the redelivery worker dropped because their markers partition was \
+                 revoked (stage=queued, read or parked); the new owner redelivers them",
+                &["stage"],
+            ),
             published: counter(
                 &r,
                 "redelivery_schedules_published_total",
@@ -348,6 +356,19 @@ impl Metrics {
             from_ms,
             to_ms,
             "marker timestamps stayed ahead for a minute: partition time moves forward to them"
+        );
+    }
+
+    /// The redelivery worker dropped `n` due deliveries (`stage`: queued, read or parked)
+    /// because their markers partition was revoked; its new owner redelivers them.
+    pub fn fenced(&self, n: usize, stage: &'static str) {
+        self.fenced
+            .with_label_values(&[stage])
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+        tracing::info!(
+            n,
+            stage,
+            "work of a revoked markers partition dropped; its new owner takes it"
         );
     }
 

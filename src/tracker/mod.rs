@@ -16,6 +16,7 @@ mod config;
 mod consumer;
 pub mod copy;
 mod error;
+mod fence;
 pub mod inspect;
 mod interner;
 pub mod metrics;

@@ -49,6 +49,8 @@ pub struct OwnedPartition {
     pub committed: Option<i64>,
     /// Deliveries handed to the redelivery worker since this partition was assigned.
     pub redeliveries: u64,
+    /// The generation of this grant of the partition (see `fence`); its jobs carry it.
+    pub generation: u64,
     /// Broker time of the Tick that ended catch-up. Anything due before it may have been
     /// acted on by the previous owner.
     pub ready_at_ms: Option<i64>,
@@ -86,6 +88,7 @@ impl OwnedPartition {
             },
             committed: None,
             redeliveries: 0,
+            generation: 0,
             ready_at_ms: None,
             snapshot: None,
             committed_epoch: None,
@@ -134,7 +137,8 @@ impl OwnedPartition {
     /// Whether the latest snapshot is the one the last successful commit named (or there is
     /// none), so that a new one may reuse the keys of the one before it.
     pub fn snapshot_committed(&self) -> bool {
-        self.snapshot.is_none_or(|s| self.committed_epoch == Some(s.epoch))
+        self.snapshot
+            .is_none_or(|s| self.committed_epoch == Some(s.epoch))
     }
 
     /// Whether replay is over.
@@ -253,7 +257,10 @@ mod tests {
         p.restore(pointer(3), PartitionState::at("m", 0));
         assert!(p.snapshot_committed(), "a restored pointer was committed");
         p.snapshot = Some(pointer(4)); // durable, its commit not yet made (or failing)
-        assert!(!p.snapshot_committed(), "epoch 5 would reuse epoch 3's keys");
+        assert!(
+            !p.snapshot_committed(),
+            "epoch 5 would reuse epoch 3's keys"
+        );
         p.committed_epoch = Some(4);
         assert!(p.snapshot_committed());
     }

@@ -29,6 +29,7 @@ use crate::marker::SourceRef;
 use super::action::{decide, Action, DlqReason};
 use super::config::TrackerConfig;
 use super::copy::copy_headers;
+use super::fence::Fence;
 use super::metrics::Metrics;
 use super::outgoing::{end_marker, Outgoing, Sender};
 use super::published_check::already_published;
@@ -41,6 +42,8 @@ use super::state::{Cause, Expiry};
 pub struct Job {
     /// The markers partition they were tracked in; their Ends go back there.
     pub markers_partition: i32,
+    /// The grant of that partition they were taken under (see `fence`).
+    pub generation: u64,
     /// The due deliveries.
     pub expiries: Vec<Expiry>,
     /// Partition time when they were taken, and the local instant of that reading, to measure
@@ -55,6 +58,7 @@ pub struct Job {
 #[derive(Debug, Clone, Copy)]
 struct Origin {
     markers_partition: i32,
+    generation: u64,
     taken_at_ms: i64,
     taken_at: Instant,
 }
@@ -76,6 +80,7 @@ struct Pending {
 struct Parked {
     expiry: Expiry,
     markers_partition: i32,
+    generation: u64,
     retry_at: Instant,
 }
 
@@ -86,6 +91,8 @@ pub struct Redeliverer {
     producer: FutureProducer,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
+    /// Which partitions this tracker still owns: work for any other is dropped.
+    fence: Arc<Fence>,
     parked: Vec<Parked>,
     /// How often each parked delivery has been refused, for its back-off.
     refusals: HashMap<SourceRef, u32>,
@@ -103,6 +110,7 @@ impl Redeliverer {
         producer: FutureProducer,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
+        fence: Arc<Fence>,
     ) -> Result<Self, super::TrackerError> {
         Ok(Redeliverer {
             reader: SourceReader::new(&config)?,
@@ -110,6 +118,7 @@ impl Redeliverer {
             producer,
             metrics,
             stop,
+            fence,
             parked: Vec::new(),
             refusals: HashMap::new(),
         })
@@ -158,17 +167,27 @@ impl Redeliverer {
     /// partition.
     fn retry_parked(&mut self) {
         let now = Instant::now();
+        let (held, revoked): (Vec<Parked>, Vec<Parked>) = self
+            .parked
+            .drain(..)
+            .partition(|p| self.fence.holds(p.markers_partition, p.generation));
+        if !revoked.is_empty() {
+            self.metrics.fenced(revoked.len(), "parked");
+        }
         let (due, wait): (Vec<Parked>, Vec<Parked>) =
-            self.parked.drain(..).partition(|p| p.retry_at <= now);
+            held.into_iter().partition(|p| p.retry_at <= now);
         self.parked = wait;
-        let mut jobs: BTreeMap<i32, Vec<Expiry>> = BTreeMap::new();
+        let mut jobs: BTreeMap<(i32, u64), Vec<Expiry>> = BTreeMap::new();
         for p in due {
-            jobs.entry(p.markers_partition).or_default().push(p.expiry);
+            jobs.entry((p.markers_partition, p.generation))
+                .or_default()
+                .push(p.expiry);
         }
         let jobs = jobs
             .into_iter()
-            .map(|(markers_partition, expiries)| Job {
+            .map(|((markers_partition, generation), expiries)| Job {
                 markers_partition,
+                generation,
                 expiries,
                 taken_at_ms: 0,
                 taken_at: now,
@@ -192,13 +211,33 @@ impl Redeliverer {
         self.stop.load(Ordering::Relaxed)
     }
 
+    /// One pass over `jobs`, for the partitions this tracker still owns (see `fence`).
     fn handle(&mut self, jobs: Vec<Job>) {
+        let work: Vec<(i32, u64)> = jobs
+            .iter()
+            .map(|j| (j.markers_partition, j.generation))
+            .collect();
+        let fence = self.fence.clone();
+        let allowed = fence.begin_pass(&work);
+        let _pass = PassGuard(&fence);
+        let (jobs, revoked): (Vec<(Job, bool)>, Vec<_>) =
+            jobs.into_iter().zip(allowed).partition(|(_, ok)| *ok);
+        let dropped: usize = revoked.iter().map(|(j, _)| j.expiries.len()).sum();
+        if dropped > 0 {
+            self.metrics.fenced(dropped, "queued");
+        }
+        let jobs = jobs.into_iter().map(|(j, _)| j);
+        self.pass(jobs.collect(), &fence);
+    }
+
+    fn pass(&mut self, jobs: Vec<Job>, fence: &Fence) {
         let mut origins: HashMap<SourceRef, Origin> = HashMap::new();
         let mut expiries = Vec::new();
         let oldest_job = jobs.iter().map(|j| j.taken_at).min();
         for job in jobs {
             let origin = Origin {
                 markers_partition: job.markers_partition,
+                generation: job.generation,
                 taken_at_ms: job.taken_at_ms,
                 taken_at: job.taken_at,
             };
@@ -214,6 +253,14 @@ impl Redeliverer {
         if self.stopping() {
             return;
         }
+        // Revoked while reading: nothing of it copied yet, so it is left to the new owner.
+        let before = pending.len();
+        pending.retain(|p| {
+            origin_of(&p.expiry).is_some_and(|o| fence.holds(o.markers_partition, o.generation))
+        });
+        if pending.len() < before {
+            self.metrics.fenced(before - pending.len(), "read");
+        }
         let published = self.take_already_published(&mut pending);
         let Some(refused) = self.send_copies(&mut pending) else {
             return;
@@ -228,7 +275,7 @@ impl Redeliverer {
             .partition(|(_, r)| r.is_none());
         for (p, why) in refused {
             if let Some(o) = origin_of(&p.expiry) {
-                self.park(p.expiry, o.markers_partition, why.unwrap_or_default());
+                self.park(p.expiry, o, why.unwrap_or_default());
             }
         }
         self.metrics.parked(self.parked.len());
@@ -334,7 +381,7 @@ impl Redeliverer {
     }
 
     /// Keeps a delivery whose copy nobody accepted in flight, to try again later.
-    fn park(&mut self, expiry: Expiry, markers_partition: i32, why: String) {
+    fn park(&mut self, expiry: Expiry, origin: Origin, why: String) {
         let refusals = self.refusals.entry(expiry.source.clone()).or_insert(0);
         *refusals += 1;
         let wait =
@@ -342,7 +389,8 @@ impl Redeliverer {
         self.metrics.parked_delivery(&expiry.source, &why, wait);
         self.parked.push(Parked {
             expiry,
-            markers_partition,
+            markers_partition: origin.markers_partition,
+            generation: origin.generation,
             retry_at: Instant::now() + wait,
         });
     }
@@ -580,5 +628,14 @@ impl PassTiming {
             ends_ms = (self.started.elapsed() - copied).as_secs_f64() * 1e3,
             "redelivery pass"
         );
+    }
+}
+
+/// Ends the fence's pass however [`Redeliverer::handle`] returns.
+struct PassGuard<'a>(&'a Fence);
+
+impl Drop for PassGuard<'_> {
+    fn drop(&mut self) {
+        self.0.end_pass();
     }
 }

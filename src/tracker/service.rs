@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use super::config::TrackerConfig;
 use super::consumer::{MarkersLoop, SnapshotTopics, TrackerContext, MAX_QUEUED_JOBS};
 use super::error::TrackerError;
+use super::fence::Fence;
 use super::inspect::SharedView;
 use super::metrics::Metrics;
 use super::redeliver::Redeliverer;
@@ -102,6 +103,8 @@ impl Tracker {
                 .await
                 .map_err(|e| TrackerError::Thread(e.to_string()))?
         };
+        // Ownership as both threads see it: the consumer grants and revokes, the worker checks.
+        let fence = Arc::new(Fence::default());
         let consumer: BaseConsumer<TrackerContext> = self
             .config
             .client_config(&[
@@ -119,6 +122,7 @@ impl Tracker {
                     read_from: self.config.snapshots_topic.clone(),
                     write_to: snapshots,
                 },
+                fence.clone(),
             ))
             .map_err(TrackerError::kafka("creating the markers consumer"))?;
         consumer
@@ -136,6 +140,7 @@ impl Tracker {
             producer.clone(),
             self.metrics.clone(),
             stop_worker.clone(),
+            fence.clone(),
         )?;
         let worker_queued = queued.clone();
         let mut worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;

@@ -597,8 +597,8 @@ impl PartitionState {
 
 mod export;
 mod time_index;
-use time_index::TimeIndex;
 pub use export::{EntryKind, Exported, ExportedEntry};
+use time_index::TimeIndex;
 
 #[cfg(test)]
 mod tests;

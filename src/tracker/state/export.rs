@@ -3,7 +3,6 @@
 //! The snapshot format (`tracker::snapshot`) turns an [`Exported`] into bytes; this module
 //! only moves entries out of and into the slab, index and heap, which it can see.
 
-
 use super::{Key, Meta, PartitionState, Phase, Slot};
 
 /// What an exported entry is waiting for.

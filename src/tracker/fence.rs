@@ -1,0 +1,144 @@
+//! Who may act for a markers partition: the consumer thread grants and revokes ownership, the
+//! redelivery worker checks it.
+//!
+//! Without a fence the worker went on draining queued jobs and retrying parked deliveries of
+//! a partition its tracker had given up (during a graceful stop, for up to the grace period),
+//! while the new owner did the same work: a schedule published twice in a rolling restart.
+//! Each grant of a partition gets a new *generation*; jobs and parked deliveries carry the
+//! generation they were taken under and are dropped once it is no longer current. A
+//! revocation also waits for a pass already under way on that partition, so that by the time
+//! the partition is given up, nothing of this tracker acts for it any more.
+
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Ownership of markers partitions, shared by the consumer thread and the redelivery worker.
+#[derive(Debug, Default)]
+pub(crate) struct Fence {
+    inner: Mutex<Inner>,
+    idle: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Owned partitions and the generation of their current grant.
+    owned: HashMap<i32, u64>,
+    last_generation: u64,
+    /// Partitions the worker's current pass acts for.
+    busy: Vec<i32>,
+}
+
+impl Fence {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A poisoned lock only means a panic elsewhere; the map is still whole.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `partition` is now owned; returns the generation its work is to carry.
+    pub(crate) fn grant(&self, partition: i32) -> u64 {
+        let mut inner = self.lock();
+        inner.last_generation += 1;
+        let generation = inner.last_generation;
+        inner.owned.insert(partition, generation);
+        generation
+    }
+
+    /// `partitions` are no longer owned: their queued and parked work will be dropped. Waits up
+    /// to `wait` for a pass already acting for one of them to finish; false if it did not.
+    pub(crate) fn revoke(&self, partitions: &[i32], wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let mut inner = self.lock();
+        for p in partitions {
+            inner.owned.remove(p);
+        }
+        while inner.busy.iter().any(|b| partitions.contains(b)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            inner = match self.idle.wait_timeout(inner, left) {
+                Ok((guard, _)) => guard,
+                Err(e) => e.into_inner().0,
+            };
+        }
+        true
+    }
+
+    /// Whether work taken for `partition` under `generation` may still be done.
+    pub(crate) fn holds(&self, partition: i32, generation: u64) -> bool {
+        self.lock().owned.get(&partition) == Some(&generation)
+    }
+
+    /// Starts a pass acting for the partitions of `work` (partition, generation) that are still
+    /// held; returns which of `work` may go ahead.
+    pub(crate) fn begin_pass(&self, work: &[(i32, u64)]) -> Vec<bool> {
+        let mut inner = self.lock();
+        let allowed: Vec<bool> = work
+            .iter()
+            .map(|(p, g)| inner.owned.get(p) == Some(g))
+            .collect();
+        inner.busy = work
+            .iter()
+            .zip(&allowed)
+            .filter(|(_, ok)| **ok)
+            .map(|((p, _), _)| *p)
+            .collect();
+        allowed
+    }
+
+    /// The pass is over: a waiting revocation may go on.
+    pub(crate) fn end_pass(&self) {
+        self.lock().busy.clear();
+        self.idle.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn work_of_a_revoked_or_regranted_partition_is_refused() {
+        let f = Fence::default();
+        let g1 = f.grant(3);
+        assert!(f.holds(3, g1));
+        assert!(f.revoke(&[3], Duration::ZERO));
+        assert!(!f.holds(3, g1), "revoked");
+        let g2 = f.grant(3);
+        assert!(!f.holds(3, g1), "work from the earlier grant stays refused");
+        assert!(f.holds(3, g2));
+        let g5 = f.grant(5);
+        assert_eq!(
+            f.begin_pass(&[(3, g1), (3, g2), (5, g5), (7, 1)]),
+            [false, true, true, false]
+        );
+        f.end_pass();
+    }
+
+    #[test]
+    fn a_revocation_waits_for_the_pass_under_way() {
+        let f = Arc::new(Fence::default());
+        let g = f.grant(1);
+        assert_eq!(f.begin_pass(&[(1, g)]), [true]);
+        assert!(
+            !f.revoke(&[1], Duration::from_millis(20)),
+            "the pass still runs"
+        );
+        assert!(!f.holds(1, g), "but no new work is taken for it");
+        let worker = {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                f.end_pass();
+            })
+        };
+        assert!(f.revoke(&[1], Duration::from_secs(10)));
+        worker.join().unwrap();
+        assert!(
+            f.revoke(&[2], Duration::ZERO),
+            "nothing runs for partition 2"
+        );
+    }
+}
