@@ -10,6 +10,7 @@
 //! the takeover are checked, so a tracker in steady state never pays for this.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -27,14 +28,19 @@ use super::source_reader::{reader_consumer, ReaderContext};
 const EARLY: Duration = Duration::from_secs(60);
 /// Give up when nothing arrives for this long.
 const STALL: Duration = Duration::from_secs(30);
+/// Give up when a scan takes this long in all: the schedules are then published (a logged
+/// possible duplicate) rather than held back behind a huge target topic.
+const SCAN_LIMIT: Duration = Duration::from_secs(60);
 
 /// Which of `wanted` (schedule ids as `kr-schedule-id` writes them) are already in `topic` in
-/// records appended since `from_ms`. An error means the answer is unknown.
+/// records appended since `from_ms`. An error means the answer is unknown: so does a scan
+/// longer than a minute, or a stop requested meanwhile (`stop`).
 pub fn already_published(
     config: &TrackerConfig,
     topic: &str,
     from_ms: i64,
     wanted: &HashSet<String>,
+    stop: &AtomicBool,
 ) -> Result<HashSet<String>, String> {
     let consumer = reader_consumer(config).map_err(|e| e.to_string())?;
     let timeout = Duration::from_secs(10);
@@ -78,17 +84,25 @@ pub fn already_published(
         return Ok(HashSet::new());
     }
     consumer.assign(&assign).map_err(|e| e.to_string())?;
-    scan(&consumer, ends, wanted)
+    scan(&consumer, ends, wanted, stop)
 }
 
 fn scan(
     consumer: &BaseConsumer<ReaderContext>,
     mut ends: HashMap<i32, i64>,
     wanted: &HashSet<String>,
+    stop: &AtomicBool,
 ) -> Result<HashSet<String>, String> {
     let mut found = HashSet::new();
-    let mut quiet_since = Instant::now();
+    let started = Instant::now();
+    let mut quiet_since = started;
     while !ends.is_empty() && found.len() < wanted.len() {
+        if stop.load(Ordering::Relaxed) {
+            return Err("stopping".into());
+        }
+        if started.elapsed() > SCAN_LIMIT {
+            return Err(format!("the scan took longer than {SCAN_LIMIT:?}"));
+        }
         let Some(result) = consumer.poll(Duration::from_millis(200)) else {
             if quiet_since.elapsed() > STALL {
                 return Err(format!("nothing read for {STALL:?}"));

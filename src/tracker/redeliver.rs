@@ -362,7 +362,7 @@ impl Redeliverer {
         }
         let mut found = HashSet::new();
         for (topic, (since, wanted)) in targets {
-            match already_published(&self.config, &topic, since, &wanted) {
+            match already_published(&self.config, &topic, since, &wanted, &self.stop) {
                 Ok(ids) => found.extend(ids),
                 Err(why) => self
                     .metrics
