@@ -26,8 +26,9 @@ use super::config::TrackerConfig;
 use super::fence::Fence;
 use super::inspect::{PartitionView, SharedView, TrackerView};
 use super::metrics::Metrics;
-use super::partition::OwnedPartition;
+use super::partition::{OwnedPartition, Restore};
 use super::redeliver::Job;
+use super::restorer::Restorer;
 use super::snapshotting;
 
 /// Longest sleep in `poll`, so stop requests and Tick retries are noticed promptly.
@@ -47,40 +48,31 @@ pub(crate) struct TrackerContext {
     owned: Mutex<Owned>,
     metrics: Metrics,
     markers_topic: String,
-    config: Arc<TrackerConfig>,
-    /// Where snapshots are read from and written to (see `snapshotting`).
-    snapshots: SnapshotTopics,
+    /// Where this tracker writes snapshots: `None` when snapshots are off or the topic is not
+    /// usable. Reading them (the restorer) does not depend on it.
+    snapshots: Option<String>,
     /// Ownership as the redelivery worker sees it.
     fence: Arc<Fence>,
+    /// Reads snapshots for newly assigned partitions, off this thread.
+    restorer: Restorer,
 }
 
 /// How long a revocation waits for a redelivery pass already acting for the partition.
 pub(crate) const PASS_WAIT: Duration = Duration::from_secs(10);
 
-/// The snapshots topic, for the two uses that must not depend on each other.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SnapshotTopics {
-    /// Where a committed pointer's snapshot is read from: the configured topic, whatever this
-    /// tracker's own snapshot settings. A commit may already rely on a snapshot (written by an
-    /// earlier run), and replaying without it would forget what only it holds.
-    pub(crate) read_from: Option<String>,
-    /// Where this tracker writes snapshots: `None` when snapshots are off or the topic is not
-    /// usable.
-    pub(crate) write_to: Option<String>,
-}
-
 impl TrackerContext {
     pub(crate) fn new(
         metrics: Metrics,
         config: Arc<TrackerConfig>,
-        snapshots: SnapshotTopics,
+        snapshots: Option<String>,
         fence: Arc<Fence>,
+        restorer: Restorer,
     ) -> Self {
         TrackerContext {
+            restorer,
             owned: Mutex::new(Owned::default()),
             metrics,
             markers_topic: config.markers_topic.clone(),
-            config,
             snapshots,
             fence,
         }
@@ -99,51 +91,74 @@ impl TrackerContext {
         }
     }
 
-    /// Restores the partitions in `ids` from their snapshots, if they have one, and pauses
-    /// those that cannot be restored yet (see `snapshotting`).
-    fn restore(&self, consumer: &BaseConsumer<Self>, ids: &[i32]) {
+    /// Pauses the newly assigned partitions `ids` and asks the restore thread for their
+    /// snapshots: no marker of theirs is applied until it answers (see `restorer`).
+    fn ask_restore(&self, consumer: &BaseConsumer<Self>, ids: &[i32]) {
         if ids.is_empty() {
             return;
         }
-        let topic = self.snapshots.read_from.as_deref();
-        let results = snapshotting::restore(consumer, &self.config, topic, ids);
-        let mut owned = self.lock();
         let mut pause = TopicPartitionList::new();
-        let mut resume = TopicPartitionList::new();
-        for (id, result) in results {
-            let Some(p) = owned.partitions.get_mut(&id) else {
-                continue;
-            };
-            let was_paused = p.restore_at.is_some();
-            match result {
-                Ok(restored) => {
-                    if let snapshotting::Restored::State(pointer, state) = restored {
-                        p.restore(pointer, *state);
-                    }
-                    p.restore_at = None;
-                    if was_paused {
-                        resume.add_partition(&self.markers_topic, id);
-                    }
-                }
-                Err(why) => {
-                    self.metrics.restore_failed(id, &why);
-                    p.restore_at = Some(Instant::now() + snapshotting::RESTORE_RETRY);
-                    if !was_paused {
-                        pause.add_partition(&self.markers_topic, id);
-                    }
+        let mut ask = Vec::with_capacity(ids.len());
+        {
+            let mut owned = self.lock();
+            for id in ids {
+                if let Some(p) = owned.partitions.get_mut(id) {
+                    p.restore = Restore::Asked;
+                    pause.add_partition(&self.markers_topic, *id);
+                    ask.push((*id, p.generation));
                 }
             }
         }
-        drop(owned);
-        if pause.count() > 0 {
-            if let Err(e) = consumer.pause(&pause) {
-                tracing::error!(error = %e, "could not pause partitions waiting for their snapshot");
+        if let Err(e) = consumer.pause(&pause) {
+            tracing::error!(error = %e, "could not pause partitions waiting for their snapshot");
+        }
+        if !self.restorer.ask(ask) {
+            tracing::error!("the restore thread is gone; new partitions stay paused and unready");
+        }
+    }
+
+    /// Installs the restore thread's answers: a restored (or unneeded) snapshot resumes its
+    /// partition; a failure keeps it paused and asks again after a while.
+    fn install_restores(&self, consumer: &BaseConsumer<Self>, now: Instant) {
+        let mut resume = TopicPartitionList::new();
+        let mut again = Vec::new();
+        {
+            let mut owned = self.lock();
+            for answer in self.restorer.answers() {
+                let Some(p) = owned.partitions.get_mut(&answer.partition) else {
+                    continue;
+                };
+                if p.generation != answer.generation || p.restore != Restore::Asked {
+                    continue; // for an earlier grant of the partition
+                }
+                match answer.result {
+                    Ok(restored) => {
+                        if let snapshotting::Restored::State(pointer, state) = restored {
+                            p.restore(pointer, *state);
+                        }
+                        p.restore = Restore::Done;
+                        resume.add_partition(&self.markers_topic, p.id);
+                    }
+                    Err(why) => {
+                        self.metrics.restore_failed(p.id, &why);
+                        p.restore = Restore::RetryAt(now + snapshotting::RESTORE_RETRY);
+                    }
+                }
+            }
+            for p in owned.partitions.values_mut() {
+                if matches!(p.restore, Restore::RetryAt(t) if t <= now) {
+                    p.restore = Restore::Asked;
+                    again.push((p.id, p.generation));
+                }
             }
         }
         if resume.count() > 0 {
             if let Err(e) = consumer.resume(&resume) {
                 tracing::error!(error = %e, "could not resume restored partitions");
             }
+        }
+        if !self.restorer.ask(again) {
+            tracing::error!("the restore thread is gone; partitions stay paused and unready");
         }
     }
 
@@ -244,8 +259,8 @@ impl ConsumerContext for TrackerContext {
                 });
             }
             drop(owned);
-            // Before the first poll hands out any of their markers.
-            self.restore(consumer, &new);
+            // Paused before the first poll can hand out any of their markers.
+            self.ask_restore(consumer, &new);
         }
     }
 }
@@ -303,7 +318,9 @@ impl MarkersLoop {
                     }
                 }
             }
-            self.retry_restores();
+            self.consumer
+                .context()
+                .install_restores(&self.consumer, Instant::now());
             self.send_ticks(&mut ticks);
             self.dispatch_due();
             if Instant::now() >= next_commit {
@@ -331,7 +348,7 @@ impl MarkersLoop {
         let Some(p) = owned.partitions.get_mut(&m.partition()) else {
             return;
         };
-        if p.restore_at.is_some() {
+        if p.restore != Restore::Done {
             // Paused before its first poll, so this cannot happen; if librdkafka handed one
             // out anyway, read it again once the snapshot is in.
             let (id, offset) = (p.id, m.offset());
@@ -378,23 +395,6 @@ impl MarkersLoop {
                 Ok(marker) => p.apply(m.offset(), ts, &marker, &self.metrics),
                 Err(e) => self.metrics.marker_error(m.partition(), m.offset(), &e),
             },
-        }
-    }
-
-    /// Tries again to restore the partitions whose snapshot could not be read yet.
-    fn retry_restores(&self) {
-        let now = Instant::now();
-        let due: Vec<i32> = self
-            .consumer
-            .context()
-            .lock()
-            .partitions
-            .values()
-            .filter(|p| p.restore_at.is_some_and(|t| t <= now))
-            .map(|p| p.id)
-            .collect();
-        if !due.is_empty() {
-            self.consumer.context().restore(&self.consumer, &due);
         }
     }
 
@@ -477,7 +477,7 @@ impl MarkersLoop {
 
     fn commit_and_publish(&self) {
         let now = Instant::now();
-        let snapshots = self.consumer.context().snapshots.write_to.clone();
+        let snapshots = self.consumer.context().snapshots.clone();
         let mut owned = self.consumer.context().lock();
         let mut tpl = TopicPartitionList::new();
         let mut all_ready = owned.assigned_once;
@@ -496,7 +496,7 @@ impl MarkersLoop {
             views.push(PartitionView {
                 partition: p.id,
                 ready,
-                waiting_for_snapshot: p.restore_at.is_some(),
+                waiting_for_snapshot: p.restore != Restore::Done,
                 in_flight,
                 scheduled,
                 oldest: s

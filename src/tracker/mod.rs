@@ -24,6 +24,7 @@ mod outgoing;
 pub mod partition;
 mod published_check;
 mod redeliver;
+mod restorer;
 mod scheduled;
 pub mod service;
 pub mod snapshot;

@@ -32,6 +32,17 @@ pub enum CatchUp {
     Ready,
 }
 
+/// Where a newly assigned partition stands in restoring its snapshot (see `restorer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restore {
+    /// Restored, or nothing to restore: markers are applied.
+    Done,
+    /// The restore thread was asked; the partition is paused until it answers.
+    Asked,
+    /// The last try failed; still paused, asked again at this instant.
+    RetryAt(Instant),
+}
+
 /// A markers partition owned by this tracker.
 #[derive(Debug)]
 pub struct OwnedPartition {
@@ -67,8 +78,8 @@ pub struct OwnedPartition {
     pub last_snapshot_at: Option<Instant>,
     /// Markers before this offset are already in the restored snapshot and are skipped.
     pub skip_below: i64,
-    /// The partition is paused until its snapshot is restored; next try at this instant.
-    pub restore_at: Option<Instant>,
+    /// Where restoring its snapshot stands; paused until `Done`.
+    pub restore: Restore,
     /// The broker timestamp of the last record read, as it came, and when it was read: the
     /// catch-up Tick sets the clock to it.
     last_read: Option<(i64, Instant)>,
@@ -95,7 +106,7 @@ impl OwnedPartition {
             snapshot_in_flight: None,
             last_snapshot_at: None,
             skip_below: 0,
-            restore_at: None,
+            restore: Restore::Done,
             last_read: None,
         }
     }
@@ -113,7 +124,7 @@ impl OwnedPartition {
         self.snapshot = Some(pointer);
         self.committed_epoch = Some(pointer.epoch);
         self.skip_below = pointer.covers;
-        self.restore_at = None;
+        self.restore = Restore::Done;
     }
 
     /// What may be committed at partition time `now_ms`, with the commit metadata: the oldest

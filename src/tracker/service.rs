@@ -11,12 +11,13 @@ use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::oneshot;
 
 use super::config::TrackerConfig;
-use super::consumer::{MarkersLoop, SnapshotTopics, TrackerContext, MAX_QUEUED_JOBS};
+use super::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
 use super::error::TrackerError;
 use super::fence::Fence;
 use super::inspect::SharedView;
 use super::metrics::Metrics;
 use super::redeliver::Redeliverer;
+use super::restorer::Restorer;
 
 /// How long each thread may take to finish after a stop: the markers consumer its final commit
 /// and close, the redelivery worker its current job.
@@ -105,6 +106,7 @@ impl Tracker {
         };
         // Ownership as both threads see it: the consumer grants and revokes, the worker checks.
         let fence = Arc::new(Fence::default());
+        let stop_consumer = Arc::new(AtomicBool::new(false));
         let consumer: BaseConsumer<TrackerContext> = self
             .config
             .client_config(&[
@@ -118,18 +120,22 @@ impl Tracker {
             .create_with_context(TrackerContext::new(
                 self.metrics.clone(),
                 self.config.clone(),
-                SnapshotTopics {
-                    read_from: self.config.snapshots_topic.clone(),
-                    write_to: snapshots,
-                },
+                snapshots,
                 fence.clone(),
+                // Reads from the configured snapshots topic whatever this tracker's own
+                // snapshot settings: a commit may already rely on a snapshot an earlier run
+                // wrote, and replaying without it would forget what only it holds.
+                Restorer::start(
+                    self.config.clone(),
+                    self.config.snapshots_topic.clone(),
+                    stop_consumer.clone(),
+                )?,
             ))
             .map_err(TrackerError::kafka("creating the markers consumer"))?;
         consumer
             .subscribe(&[&self.config.markers_topic])
             .map_err(TrackerError::kafka("subscribing to the markers topic"))?;
 
-        let stop_consumer = Arc::new(AtomicBool::new(false));
         let stop_worker = Arc::new(AtomicBool::new(false));
         // If this future is dropped instead of being told to stop, the threads must still end.
         let _guard = StopOnDrop(vec![stop_consumer.clone(), stop_worker.clone()]);

@@ -123,11 +123,14 @@ pub fn write(
 }
 
 /// Reads the snapshot `pointer` names from partition `partition` of `topic`.
+///
+/// Gives up (an error) when nothing arrives for 30 s, or at once when `stop` is set.
 pub fn read(
     config: &TrackerConfig,
     topic: &str,
     partition: i32,
     pointer: Pointer,
+    stop: &std::sync::atomic::AtomicBool,
 ) -> Result<(ChunkHeader, Exported), String> {
     let consumer = reader_consumer(config).map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
@@ -137,6 +140,9 @@ pub fn read(
     let mut chunks: Vec<Chunk> = Vec::new();
     let mut quiet_since = Instant::now();
     loop {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err("stopping".into());
+        }
         let Some(result) = consumer.poll(Duration::from_millis(200)) else {
             if quiet_since.elapsed() > STALL {
                 return Err(format!(

@@ -45,6 +45,7 @@ pub fn restore<C: ConsumerContext>(
     config: &TrackerConfig,
     snapshots_topic: Option<&str>,
     ids: &[i32],
+    stop: &std::sync::atomic::AtomicBool,
 ) -> BTreeMap<i32, Result<Restored, String>> {
     let mut tpl = TopicPartitionList::new();
     for id in ids {
@@ -63,6 +64,11 @@ pub fn restore<C: ConsumerContext>(
         .map(|e| {
             let id = e.partition();
             let pointer = Pointer::parse(e.metadata());
+            tracing::debug!(partition = id, committed = ?e.offset(), metadata = e.metadata(), "committed offset looked up for restore");
+            if let Err(err) = e.error() {
+                // Not "nothing committed": the answer for this partition is unknown.
+                return (id, Err(format!("looking up the committed offset: {err}")));
+            }
             let result = match (pointer, e.offset()) {
                 // The commit that named this snapshot set the offset to what it covers; a
                 // later commit past it relies on the snapshot no more.
@@ -72,18 +78,20 @@ pub fn restore<C: ConsumerContext>(
                          topic is configured (--snapshots-topic)",
                         p.epoch
                     )),
-                    Some(topic) => snapshot_store::read(config, topic, id, p).map(|(_, data)| {
-                        let (state, skipped) =
-                            PartitionState::import(&config.markers_topic, id, data);
-                        if skipped > 0 {
-                            tracing::warn!(
-                                partition = id,
-                                skipped,
-                                "snapshot entries with an unknown topic skipped"
-                            );
-                        }
-                        Restored::State(p, Box::new(state))
-                    }),
+                    Some(topic) => {
+                        snapshot_store::read(config, topic, id, p, stop).map(|(_, data)| {
+                            let (state, skipped) =
+                                PartitionState::import(&config.markers_topic, id, data);
+                            if skipped > 0 {
+                                tracing::warn!(
+                                    partition = id,
+                                    skipped,
+                                    "snapshot entries with an unknown topic skipped"
+                                );
+                            }
+                            Restored::State(p, Box::new(state))
+                        })
+                    }
                 },
                 _ => Ok(Restored::Nothing),
             };
