@@ -9,8 +9,9 @@
 //! - [`tracker`]: the RedeliveryTracker. A pure per-partition state ([`tracker::state`]) driven
 //!   by a markers consumer thread and a redelivery worker thread.
 //! - [`events`]: delivery events (scheduled, delivered, acked, retried, ...) to subscribe to.
-//! - [`failpoint`]: test-only crash points (feature `failpoints`).
-//! - [`headers`]: the `kr-*` headers on redelivered and dead-lettered copies.
+//! - [`failpoint`]: test-only crash, panic and failure points (feature `failpoints`).
+//! - [`headers`]: the `kr-*` headers on redelivered and dead-lettered copies, the ranges of
+//!   those a producer may set, and [`headers::HeaderName`]: header names are bytes.
 //! - `cli` (feature `cli`): the `redelivery-tracker` binary's commands, admin server and demo.
 //!
 //! ARCHITECTURE.md explains how the parts fit and which invariants keep every message safe.
