@@ -197,7 +197,7 @@ impl Poller {
                 None => break,
                 Some(Ok(m)) => batch.push(self.polled(&m)),
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "consumer error");
+                    self.settler.consumer_error(&e);
                     break;
                 }
             }

@@ -63,6 +63,16 @@ impl Settler {
         }
     }
 
+    /// The source consumer returned an error; logged at most once per 10 s.
+    pub(crate) fn consumer_error(&self, error: &rdkafka::error::KafkaError) {
+        if let Some(held_back) = self
+            .log_limit
+            .allow("consumer_error", std::time::Instant::now())
+        {
+            tracing::warn!(%error, held_back, "consumer error");
+        }
+    }
+
     /// Records polled so far with a `kr-*` header out of range.
     pub(crate) fn odd_header_count(&self) -> u64 {
         self.odd_headers.load(Ordering::Relaxed)

@@ -469,16 +469,21 @@ impl Metrics {
     }
 
     /// Reading a source record failed in a way that may pass.
+    /// Logged at most once per 10 s (a broker away fails every read), always counted.
     pub fn source_read_error(&self, source: &SourceRef, error: &dyn std::fmt::Display) {
-        tracing::warn!(%source, %error, "could not read the source record; will retry");
+        if let Some(held_back) = self.log_limit.allow("source_read_error", Instant::now()) {
+            tracing::warn!(%source, %error, held_back, "could not read the source record; will retry");
+        }
         self.source_read_errors
             .with_label_values(&[&source.topic])
             .inc();
     }
 
-    /// A produce failed and will be retried.
+    /// A produce failed and will be retried. Logged at most once per 10 s, always counted.
     pub fn produce_error(&self, what: &str, target: &str, error: &dyn std::fmt::Display) {
-        tracing::warn!(what, target, %error, "produce failed; will retry");
+        if let Some(held_back) = self.log_limit.allow("produce_error", Instant::now()) {
+            tracing::warn!(what, target, %error, held_back, "produce failed; will retry");
+        }
         self.produce_errors.with_label_values(&[what]).inc();
     }
 
