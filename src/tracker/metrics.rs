@@ -17,8 +17,8 @@ use prometheus::{
 use crate::events::{Event, EventBus, EventKind};
 use crate::marker::{DecodeError, MarkerType, SourceRef};
 
-use super::action::DlqReason;
-use super::state::Oddity;
+use crate::tracker::core::action::DlqReason;
+use crate::tracker::core::state::Oddity;
 
 /// All tracker metrics, registered in their own [`Registry`].
 #[derive(Clone)]

@@ -10,14 +10,14 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::oneshot;
 
-use super::config::TrackerConfig;
-use super::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
-use super::error::TrackerError;
-use super::fence::Fence;
-use super::inspect::SharedView;
-use super::metrics::Metrics;
-use super::redeliver::Redeliverer;
-use super::restorer::Restorer;
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::core::fence::Fence;
+use crate::tracker::error::TrackerError;
+use crate::tracker::inspect::SharedView;
+use crate::tracker::markers::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
+use crate::tracker::metrics::Metrics;
+use crate::tracker::redeliver::worker::Redeliverer;
+use crate::tracker::snapshot::restorer::Restorer;
 
 /// How long each thread may take to finish after a stop: the markers consumer its final commit
 /// and close, the redelivery worker its current job.

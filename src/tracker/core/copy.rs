@@ -7,7 +7,7 @@
 use crate::headers::{self, HeaderList};
 use crate::marker::SourceRef;
 
-use super::action::DlqReason;
+use crate::tracker::core::action::DlqReason;
 
 /// Headers for a copy of the record read at `source`, now at delivery `attempt`.
 /// `dead_letter` carries the reason and detail when the copy goes to a dead-letter topic.

@@ -16,10 +16,10 @@ use rdkafka::message::Message;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::config::TrackerConfig;
-use super::snapshot::{self, Chunk, ChunkHeader};
-use super::source_reader::reader_consumer;
-use super::state::Exported;
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::core::state::Exported;
+use crate::tracker::redeliver::source_reader::reader_consumer;
+use crate::tracker::snapshot::format::{self, Chunk, ChunkHeader};
 
 /// Give up reading a snapshot when nothing arrives for this long (retried later).
 const STALL: Duration = Duration::from_secs(30);
@@ -103,7 +103,7 @@ pub fn write(
     covers: i64,
     state: &Exported,
 ) -> Result<InFlight, KafkaError> {
-    let encoded = snapshot::encode(partition, epoch, covers, state);
+    let encoded = format::encode(partition, epoch, covers, state);
     let mut chunks = Vec::with_capacity(encoded.len());
     for (i, bytes) in encoded.iter().enumerate() {
         let key = format!("{partition}/{}/{i}", epoch % 2);
@@ -165,7 +165,7 @@ pub fn read(
         };
         // A chunk that does not decode belongs to no snapshot we wrote; `assemble` reports
         // the gap if it was one of ours.
-        if let Some(Ok(chunk)) = m.payload().map(snapshot::decode_chunk) {
+        if let Some(Ok(chunk)) = m.payload().map(format::decode_chunk) {
             chunks.push(chunk);
         }
         if m.offset() >= pointer.last {
@@ -173,7 +173,7 @@ pub fn read(
         }
     }
     let (header, state) =
-        snapshot::assemble(partition, pointer.epoch, chunks).map_err(|e| e.to_string())?;
+        format::assemble(partition, pointer.epoch, chunks).map_err(|e| e.to_string())?;
     if header.covers_until != pointer.covers {
         return Err(format!(
             "the snapshot covers offset {} but the commit says {}",

@@ -15,11 +15,11 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::config::TrackerConfig;
-use super::metrics::Metrics;
-use super::partition::OwnedPartition;
-use super::snapshot_store::{self, Pointer};
-use super::state::PartitionState;
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::core::state::PartitionState;
+use crate::tracker::markers::partition::OwnedPartition;
+use crate::tracker::metrics::Metrics;
+use crate::tracker::snapshot::store::{self, Pointer};
 
 /// Wait between tries to restore a partition.
 pub const RESTORE_RETRY: Duration = Duration::from_secs(5);
@@ -79,7 +79,7 @@ pub fn restore<C: ConsumerContext>(
                         p.epoch
                     )),
                     Some(topic) => {
-                        snapshot_store::read(config, topic, id, p, stop).map(|(_, data)| {
+                        store::read(config, topic, id, p, stop).map(|(_, data)| {
                             let (state, skipped) =
                                 PartitionState::import(&config.markers_topic, id, data);
                             if skipped > 0 {
@@ -130,7 +130,7 @@ pub fn maybe_start(
     }
     let epoch = p.snapshot.map_or(1, |s| s.epoch + 1);
     let data = p.state.export();
-    match snapshot_store::write(producer, snapshots_topic, p.id, epoch, next, &data) {
+    match store::write(producer, snapshots_topic, p.id, epoch, next, &data) {
         Ok(in_flight) => {
             tracing::info!(
                 partition = p.id,

@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use rdkafka::consumer::BaseConsumer;
 
-use super::config::TrackerConfig;
-use super::error::TrackerError;
-use super::snapshotting::{self, Restored};
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::error::TrackerError;
+use crate::tracker::snapshot::policy::{self, Restored};
 
 /// A restore for `partition` as granted under `generation` (see `fence`): an answer for an
 /// older grant is ignored.
@@ -109,7 +109,7 @@ fn serve(
                 m
             });
         let ids: Vec<i32> = work.keys().copied().collect();
-        let mut found = snapshotting::restore(consumer, config, topic, &ids, stop);
+        let mut found = policy::restore(consumer, config, topic, &ids, stop);
         for (partition, generation) in work {
             let result = found
                 .remove(&partition)

@@ -14,8 +14,8 @@ use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::config::TrackerConfig;
-use super::error::TrackerError;
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::error::TrackerError;
 
 /// The result of reading one offset.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ pub enum ReadError {
 
 /// Keeps librdkafka's "end of partition" notices, which this reader asks for and handles
 /// itself, out of the error log.
-pub(super) struct ReaderContext;
+pub(crate) struct ReaderContext;
 
 impl rdkafka::ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -61,7 +61,7 @@ pub struct SourceReader {
     timeout: Duration,
 }
 
-pub(super) fn reader_consumer(
+pub(crate) fn reader_consumer(
     config: &TrackerConfig,
 ) -> Result<BaseConsumer<ReaderContext>, TrackerError> {
     config

@@ -19,7 +19,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::headers::{self, HeaderList};
 use crate::marker::{encode, Marker, SourceRef};
 
-use super::metrics::Metrics;
+use crate::tracker::metrics::Metrics;
 
 /// A record to produce, owned so it can be retried.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@
 
 use crate::marker::{put_str, Reader};
 
-use super::state::{EntryKind, Exported, ExportedEntry};
+use crate::tracker::core::state::{EntryKind, Exported, ExportedEntry};
 
 /// The only format version written.
 pub const FORMAT: u8 = 1;

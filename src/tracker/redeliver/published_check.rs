@@ -20,8 +20,8 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::headers;
 
-use super::config::TrackerConfig;
-use super::source_reader::{reader_consumer, ReaderContext};
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::redeliver::source_reader::{reader_consumer, ReaderContext};
 
 /// How far before the earliest due time to start reading: covers a previous owner whose clock
 /// ran ahead of the broker's. A publication is never earlier than its due time otherwise.

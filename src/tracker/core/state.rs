@@ -3,7 +3,7 @@
 //! The tracker feeds it markers in offset order with [`PartitionState::on_marker`], asks it which
 //! deliveries are past their deadline with [`PartitionState::expired`], and how long to sleep with
 //! [`PartitionState::next_deadline`]. Time is always passed in (milliseconds of partition time,
-//! see [`super::clock`]), so tests drive it without Kafka and without sleeping.
+//! see [`crate::tracker::core::clock`]), so tests drive it without Kafka and without sleeping.
 //!
 //! Memory is the thing to watch here: a tracker may hold millions of deliveries. Each one lives
 //! in a 32-byte slot of a slab (its key with the topic interned to a number, its deadline, and
@@ -23,7 +23,7 @@ use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 
 use crate::marker::{Marker, SourceRef};
 
-use super::interner::Interner;
+use crate::tracker::core::interner::Interner;
 
 /// A delivery's identity inside one partition state: its source coordinates with the topic
 /// replaced by an interned number.

@@ -1,7 +1,7 @@
 //! What to do with a delivery that is due: redeliver it, or send it to the dead-letter topic.
 //! A pure decision, so the rules are tested without Kafka.
 
-use super::state::{Cause, Expiry};
+use crate::tracker::core::state::{Cause, Expiry};
 
 /// Why a record goes to the dead-letter topic. The names are stable: they appear in the
 /// `kr-dlq-reason` header and in the `reason` label of `redelivery_dead_lettered_total`.

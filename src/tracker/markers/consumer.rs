@@ -22,14 +22,14 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::marker::{decode, encode, Marker};
 
-use super::config::TrackerConfig;
-use super::fence::Fence;
-use super::inspect::{PartitionView, SharedView, TrackerView};
-use super::metrics::Metrics;
-use super::partition::{OwnedPartition, Restore};
-use super::redeliver::Job;
-use super::restorer::Restorer;
-use super::snapshotting;
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::core::fence::Fence;
+use crate::tracker::inspect::{PartitionView, SharedView, TrackerView};
+use crate::tracker::markers::partition::{OwnedPartition, Restore};
+use crate::tracker::metrics::Metrics;
+use crate::tracker::redeliver::worker::Job;
+use crate::tracker::snapshot::policy;
+use crate::tracker::snapshot::restorer::Restorer;
 
 /// Longest sleep in `poll`, so stop requests and Tick retries are noticed promptly.
 const MAX_WAIT: Duration = Duration::from_millis(200);
@@ -135,7 +135,7 @@ impl TrackerContext {
                 }
                 match answer.result {
                     Ok(restored) => {
-                        if let snapshotting::Restored::State(pointer, state) = restored {
+                        if let policy::Restored::State(pointer, state) = restored {
                             p.restore(pointer, *state);
                         }
                         p.restore = Restore::Done;
@@ -143,7 +143,7 @@ impl TrackerContext {
                     }
                     Err(why) => {
                         self.metrics.restore_failed(p.id, &why);
-                        p.restore = Restore::RetryAt(now + snapshotting::RESTORE_RETRY);
+                        p.restore = Restore::RetryAt(now + policy::RESTORE_RETRY);
                     }
                 }
             }
@@ -515,14 +515,14 @@ impl MarkersLoop {
                 redeliveries: p.redeliveries,
                 committed_offset: p.committed,
             });
-            snapshotting::poll_in_flight(p, &self.metrics);
+            policy::poll_in_flight(p, &self.metrics);
             // One summary per partition and interval serves the gauges, the snapshot decision
             // and the commit: each is a walk over every entry.
             let Some(oldest) = s.as_ref().map(|s| s.commit_offset) else {
                 continue;
             };
             if let Some(topic) = &snapshots {
-                snapshotting::maybe_start(
+                policy::maybe_start(
                     p,
                     &self.config,
                     topic,

@@ -26,16 +26,16 @@ use rdkafka::producer::FutureProducer;
 use crate::headers;
 use crate::marker::SourceRef;
 
-use super::action::{decide, Action, DlqReason};
-use super::config::TrackerConfig;
-use super::copy::copy_headers;
-use super::fence::Fence;
-use super::metrics::Metrics;
-use super::outgoing::{end_marker, Outgoing, Sender};
-use super::published_check::already_published;
-use super::scheduled::unpack;
-use super::source_reader::{ReadOutcome, SourceReader};
-use super::state::{Cause, Expiry};
+use crate::tracker::config::TrackerConfig;
+use crate::tracker::core::action::{decide, Action, DlqReason};
+use crate::tracker::core::copy::copy_headers;
+use crate::tracker::core::fence::Fence;
+use crate::tracker::core::state::{Cause, Expiry};
+use crate::tracker::metrics::Metrics;
+use crate::tracker::redeliver::outgoing::{end_marker, Outgoing, Sender};
+use crate::tracker::redeliver::published_check::already_published;
+use crate::tracker::redeliver::scheduled::unpack;
+use crate::tracker::redeliver::source_reader::{ReadOutcome, SourceReader};
 
 /// Due deliveries of one markers partition, handed over by the consumer thread.
 #[derive(Debug)]
@@ -111,7 +111,7 @@ impl Redeliverer {
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
-    ) -> Result<Self, super::TrackerError> {
+    ) -> Result<Self, crate::tracker::TrackerError> {
         Ok(Redeliverer {
             reader: SourceReader::new(&config)?,
             config,

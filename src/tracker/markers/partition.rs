@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::marker::Marker;
 
-use super::clock::{PartitionClock, Reading};
-use super::metrics::Metrics;
-use super::snapshot_store::{InFlight, Pointer};
-use super::state::{Applied, Expiry, PartitionState};
+use crate::tracker::core::clock::{PartitionClock, Reading};
+use crate::tracker::core::state::{Applied, Expiry, PartitionState};
+use crate::tracker::metrics::Metrics;
+use crate::tracker::snapshot::store::{InFlight, Pointer};
 
 /// How long to wait for a Tick to come back before writing another one.
 pub const TICK_RETRY: Duration = Duration::from_secs(5);

@@ -1,0 +1,10 @@
+//! The markers consumer: the thread that owns the markers partitions.
+//!
+//! - `consumer`: the poll loop (apply markers, wake at the next deadline, dispatch due
+//!   deliveries to the redelivery worker, commit) and its context, where librdkafka's
+//!   rebalance callbacks land (grant and fence off partitions, ask for their snapshots).
+//! - [`partition`]: one owned markers partition: its state, clock, catch-up (the Tick) and
+//!   snapshot progress.
+
+pub(crate) mod consumer;
+pub mod partition;

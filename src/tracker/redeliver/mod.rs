@@ -1,0 +1,14 @@
+//! The redelivery worker: the thread that turns due deliveries into copies and Ends.
+//!
+//! - `worker`: one pass over the due deliveries of owned partitions: read, copy, then End.
+//! - `source_reader`: reading original records back by offset, telling "gone" from "try again".
+//! - `outgoing`: producing the tracker's records, and which broker errors are worth a retry.
+//! - `scheduled`: a due Schedule marker back into the record it carries.
+//! - `published_check`: after a takeover, whether the previous owner already published a
+//!   schedule.
+
+pub(crate) mod outgoing;
+pub(crate) mod published_check;
+pub(crate) mod scheduled;
+pub(crate) mod source_reader;
+pub(crate) mod worker;
