@@ -76,10 +76,61 @@ pub fn decide(expiry: &Expiry, max_deliveries: u32) -> Action {
     }
 }
 
+/// Where a copy goes after `target` refused it for good (`why`): a copy to its source topic or
+/// a scheduled record's target goes to the dead-letter topic instead, once; a copy the
+/// dead-letter topic refused has nowhere left to go (`None`): it is parked, still in flight.
+pub fn after_refusal(action: &Action, target: &str, why: &str) -> Option<Action> {
+    match action {
+        Action::Redeliver { .. } | Action::Publish => Some(Action::DeadLetter {
+            reason: DlqReason::CopyRejected,
+            detail: format!("the copy to {target} was refused: {why}"),
+        }),
+        Action::DeadLetter { .. } => None,
+    }
+}
+
+/// How long a parked delivery waits before its `refusals`-th retry (1 for the first): 5 s,
+/// doubling, at most `max`.
+pub fn park_wait(refusals: u32, max: std::time::Duration) -> std::time::Duration {
+    let doublings = refusals.saturating_sub(1).min(10);
+    (std::time::Duration::from_secs(5) * 2u32.pow(doublings)).min(max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::marker::SourceRef;
+
+    #[test]
+    fn a_refused_copy_is_dead_lettered_once_then_parked() {
+        let to_dlq = after_refusal(&Action::Redeliver { attempt: 2 }, "orders", "too large");
+        assert_eq!(
+            to_dlq,
+            Some(Action::DeadLetter {
+                reason: DlqReason::CopyRejected,
+                detail: "the copy to orders was refused: too large".into()
+            })
+        );
+        assert!(matches!(
+            after_refusal(&Action::Publish, "t", "denied"),
+            Some(Action::DeadLetter {
+                reason: DlqReason::CopyRejected,
+                ..
+            })
+        ));
+        assert_eq!(
+            after_refusal(&to_dlq.unwrap(), "orders.dlq", "denied"),
+            None
+        );
+    }
+
+    #[test]
+    fn parked_retries_back_off_to_a_bound() {
+        let max = std::time::Duration::from_secs(300);
+        let waits: Vec<u64> = (1..=8).map(|n| park_wait(n, max).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(park_wait(u32::MAX, max).as_secs(), 300);
+    }
 
     fn expiry(attempt: u32, cause: Cause) -> Expiry {
         Expiry {

@@ -24,8 +24,9 @@ use crate::marker::{decode, encode, Marker};
 
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::fence::Fence;
-use crate::tracker::inspect::{PartitionView, SharedView, TrackerView};
+use crate::tracker::inspect::{SharedView, TrackerView};
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
+use crate::tracker::markers::plan;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::worker::Job;
 use crate::tracker::snapshot::policy;
@@ -171,37 +172,27 @@ impl TrackerContext {
 
     /// Commits the safe offset of each partition in `ids` synchronously.
     fn commit_now(&self, consumer: &BaseConsumer<Self>, owned: &mut Owned, ids: &[i32]) {
-        let mut tpl = TopicPartitionList::new();
-        for id in ids {
-            if let Some(p) = owned.partitions.get_mut(id) {
-                let now = p.clock.now_ms(Instant::now()).unwrap_or(0);
-                if let Some((offset, metadata)) = p.commit_point(now) {
-                    add_commit(&mut tpl, &self.markers_topic, *id, offset, metadata);
-                    p.committed = Some(offset);
-                }
-            }
-        }
-        if tpl.count() > 0 {
+        let commits = plan::final_commits(&mut owned.partitions, ids, Instant::now());
+        if !commits.is_empty() {
+            let tpl = commit_list(&self.markers_topic, &commits);
             self.metrics
                 .commit(&consumer.commit(&tpl, CommitMode::Sync));
         }
     }
 }
 
-/// Adds one partition's commit, with the snapshot pointer as its metadata if there is one.
-fn add_commit(
-    tpl: &mut TopicPartitionList,
-    topic: &str,
-    partition: i32,
-    offset: i64,
-    metadata: Option<String>,
-) {
-    let mut e = tpl.add_partition(topic, partition);
-    // Only an offset that is not a real offset is refused; ours are.
-    let _ = e.set_offset(Offset::Offset(offset));
-    if let Some(m) = metadata {
-        e.set_metadata(m);
+/// The planned commits as librdkafka wants them, each with its snapshot pointer as metadata.
+fn commit_list(topic: &str, commits: &[plan::Commit]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for c in commits {
+        let mut e = tpl.add_partition(topic, c.partition);
+        // Only an offset that is not a real offset is refused; ours are.
+        let _ = e.set_offset(Offset::Offset(c.offset));
+        if let Some(m) = &c.metadata {
+            e.set_metadata(m.clone());
+        }
     }
+    tpl
 }
 
 impl ClientContext for TrackerContext {
@@ -403,16 +394,10 @@ impl MarkersLoop {
     /// Sleep until the earliest deadline of a ready partition, the next commit, or `MAX_WAIT`.
     fn wait_time(&self, next_commit: Instant) -> Duration {
         let now = Instant::now();
-        let mut until = (now + MAX_WAIT).min(next_commit);
-        if self.queued.load(Ordering::Relaxed) < MAX_QUEUED_JOBS {
-            let mut owned = self.consumer.context().lock();
-            for p in owned.partitions.values_mut().filter(|p| p.is_ready()) {
-                if let Some(at) = p.state.next_deadline().and_then(|d| p.clock.instant_of(d)) {
-                    until = until.min(at);
-                }
-            }
-        }
-        until.saturating_duration_since(now)
+        let room = self.queued.load(Ordering::Relaxed) < MAX_QUEUED_JOBS;
+        let mut owned = self.consumer.context().lock();
+        plan::wake_at(&mut owned.partitions, now, next_commit, MAX_WAIT, room)
+            .saturating_duration_since(now)
     }
 
     fn send_ticks(&self, pending: &mut Vec<DeliveryFuture>) {
@@ -447,28 +432,18 @@ impl MarkersLoop {
     }
 
     fn dispatch_due(&self) {
-        let now = Instant::now();
-        let mut owned = self.consumer.context().lock();
-        for p in owned.partitions.values_mut().filter(|p| p.is_ready()) {
-            if self.queued.load(Ordering::Relaxed) >= MAX_QUEUED_JOBS {
-                return;
-            }
-            let Some(now_ms) = p.clock.now_ms(now) else {
-                continue;
-            };
-            let expiries = p.take_due(now_ms, self.config.expiry_batch);
-            if expiries.is_empty() {
-                continue;
-            }
+        let room = MAX_QUEUED_JOBS.saturating_sub(self.queued.load(Ordering::Relaxed));
+        let jobs = {
+            let mut owned = self.consumer.context().lock();
+            plan::due_jobs(
+                &mut owned.partitions,
+                Instant::now(),
+                room,
+                self.config.expiry_batch,
+            )
+        };
+        for job in jobs {
             self.queued.fetch_add(1, Ordering::Relaxed);
-            p.redeliveries += expiries.len() as u64;
-            let job = Job {
-                markers_partition: p.id,
-                generation: p.generation,
-                expiries,
-                taken_at_ms: now_ms,
-                taken_at: now,
-            };
             if self.jobs.send(job).is_err() {
                 tracing::error!("redelivery worker is gone; due deliveries stay in flight");
                 self.stop.store(true, Ordering::Relaxed);
@@ -481,46 +456,9 @@ impl MarkersLoop {
         let now = Instant::now();
         let snapshots = self.consumer.context().snapshots.clone();
         let mut owned = self.consumer.context().lock();
-        let mut tpl = TopicPartitionList::new();
-        let mut all_ready = owned.assigned_once;
-        let mut views = Vec::with_capacity(owned.partitions.len());
-        let mut naming: Vec<(i32, Option<u64>)> = Vec::new();
-        for p in owned.partitions.values_mut() {
-            let now_ms = p.clock.now_ms(now).unwrap_or(0);
-            let ready = p.is_ready();
-            all_ready &= ready;
-            let s = p.next_offset.map(|next| p.state.summary(next, now_ms));
-            let (in_flight, scheduled, oldest) = s
-                .as_ref()
-                .map_or((0, 0, 0), |s| (s.in_flight, s.scheduled, s.oldest_age_ms));
-            self.metrics
-                .partition_gauges(p.id, in_flight, scheduled, oldest, ready);
-            views.push(PartitionView {
-                partition: p.id,
-                ready,
-                waiting_for_snapshot: p.restore != Restore::Done,
-                in_flight,
-                scheduled,
-                oldest: s
-                    .as_ref()
-                    .and_then(|s| s.oldest.as_ref())
-                    .map(ToString::to_string),
-                oldest_age_ms: oldest,
-                next_deadlines_in_ms: p
-                    .state
-                    .next_deadlines(5)
-                    .iter()
-                    .map(|d| d - now_ms)
-                    .collect(),
-                redeliveries: p.redeliveries,
-                committed_offset: p.committed,
-            });
+        let assigned_once = owned.assigned_once;
+        let plan = plan::interval(&mut owned.partitions, assigned_once, now, |p, oldest| {
             policy::poll_in_flight(p, &self.metrics);
-            // One summary per partition and interval serves the gauges, the snapshot decision
-            // and the commit: each is a walk over every entry.
-            let Some(oldest) = s.as_ref().map(|s| s.commit_offset) else {
-                continue;
-            };
             if let Some(topic) = &snapshots {
                 policy::maybe_start(
                     p,
@@ -532,44 +470,39 @@ impl MarkersLoop {
                     oldest,
                 );
             }
-            let (offset, metadata) = p.commit_point_from(oldest);
-            let epoch = p.snapshot.map(|s| s.epoch);
-            // A new pointer is committed even if the offset stays (see `committed_epoch`).
-            if p.committed != Some(offset) || p.committed_epoch != epoch {
-                add_commit(&mut tpl, &self.config.markers_topic, p.id, offset, metadata);
-                p.committed = Some(offset);
-                naming.push((p.id, epoch));
-            }
+        });
+        for v in &plan.views {
+            self.metrics.partition_gauges(
+                v.partition,
+                v.in_flight,
+                v.scheduled,
+                v.oldest_age_ms,
+                v.ready,
+            );
         }
+        self.ready.store(plan.all_ready, Ordering::Relaxed);
+        self.metrics
+            .readiness(plan.all_ready, owned.partitions.len());
+        drop(owned);
         if let Ok(mut view) = self.view.lock() {
             *view = TrackerView {
-                ready: all_ready,
-                partitions: views,
+                ready: plan.all_ready,
+                partitions: plan.views,
             };
         }
-        self.ready.store(all_ready, Ordering::Relaxed);
-        self.metrics.readiness(all_ready, owned.partitions.len());
-        drop(owned);
-        if tpl.count() > 0 {
-            // Synchronous, so success and failure are both seen and counted (librdkafka does not
-            // report async commit results to a BaseConsumer without a commit callback queue).
-            // One round trip per interval, off the per-marker path.
-            let result = self.consumer.commit(&tpl, CommitMode::Sync);
-            let mut owned = self.consumer.context().lock();
-            if result.is_err() {
-                // Try every partition again on the next interval.
-                for p in owned.partitions.values_mut() {
-                    p.committed = None;
-                }
-            } else {
-                for (id, epoch) in naming {
-                    if let Some(p) = owned.partitions.get_mut(&id) {
-                        p.committed_epoch = epoch;
-                    }
-                }
-            }
-            drop(owned);
-            self.metrics.commit(&result);
+        if plan.commits.is_empty() {
+            return;
         }
+        // Synchronous, so success and failure are both seen and counted (librdkafka does not
+        // report async commit results to a BaseConsumer without a commit callback queue).
+        // One round trip per interval, off the per-marker path.
+        let result = self.consumer.commit(
+            &commit_list(&self.config.markers_topic, &plan.commits),
+            CommitMode::Sync,
+        );
+        let mut owned = self.consumer.context().lock();
+        plan::committed(&mut owned.partitions, &plan.commits, result.is_ok());
+        drop(owned);
+        self.metrics.commit(&result);
     }
 }

@@ -8,3 +8,4 @@
 
 pub(crate) mod consumer;
 pub mod partition;
+mod plan;

@@ -27,7 +27,7 @@ use crate::headers;
 use crate::marker::SourceRef;
 
 use crate::tracker::config::TrackerConfig;
-use crate::tracker::core::action::{decide, Action, DlqReason};
+use crate::tracker::core::action::{after_refusal, decide, park_wait, Action, DlqReason};
 use crate::tracker::core::copy::copy_headers;
 use crate::tracker::core::fence::Fence;
 use crate::tracker::core::state::{Cause, Expiry};
@@ -328,16 +328,14 @@ impl Redeliverer {
             for (i, result) in round.into_iter().zip(results) {
                 let Err(why) = result else { continue };
                 let p = &mut pending[i];
-                if let Action::Redeliver { .. } | Action::Publish = p.action {
-                    // Try the dead-letter topic, once, in the next round.
-                    p.action = Action::DeadLetter {
-                        reason: DlqReason::CopyRejected,
-                        detail: format!("the copy to {} was refused: {why}", home_topic(p)),
-                    };
-                    p.copy = Some(self.build_copy(&p.expiry, &p.action, p.record.as_ref()));
-                    next.push(i);
-                } else {
-                    refused[i] = Some(why);
+                match after_refusal(&p.action, home_topic(p), &why) {
+                    Some(action) => {
+                        // Try the dead-letter topic, once, in the next round.
+                        p.action = action;
+                        p.copy = Some(self.build_copy(&p.expiry, &p.action, p.record.as_ref()));
+                        next.push(i);
+                    }
+                    None => refused[i] = Some(why),
                 }
             }
             round = next;
@@ -384,8 +382,7 @@ impl Redeliverer {
     fn park(&mut self, expiry: Expiry, origin: Origin, why: String) {
         let refusals = self.refusals.entry(expiry.source.clone()).or_insert(0);
         *refusals += 1;
-        let wait =
-            (Duration::from_secs(5) * 2u32.saturating_pow((*refusals - 1).min(10))).min(MAX_PARK);
+        let wait = park_wait(*refusals, MAX_PARK);
         self.metrics.parked_delivery(&expiry.source, &why, wait);
         self.parked.push(Parked {
             expiry,

@@ -1,0 +1,359 @@
+//! The markers loop's decisions, apart from its I/O.
+//!
+//! Given the owned partitions and the local time, these say what to hand to the redelivery
+//! worker, when to wake, and what to commit; `consumer.rs` only polls, sends and commits what
+//! they return. So the rules (nothing redelivered before the partition's own Tick returns,
+//! nothing dispatched before its deadline, the safe commit point, a failed commit retried)
+//! are unit-tested here with an injected clock, without Kafka.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::tracker::inspect::PartitionView;
+use crate::tracker::markers::partition::{OwnedPartition, Restore};
+use crate::tracker::redeliver::worker::Job;
+
+/// The owned partitions, by number.
+pub(crate) type Partitions = BTreeMap<i32, OwnedPartition>;
+
+/// The due deliveries of ready partitions at local instant `now`, as at most `room` jobs of
+/// at most `batch` deliveries each. A partition still replaying gives none: its state may be
+/// incomplete until its own Tick comes back.
+pub(crate) fn due_jobs(
+    partitions: &mut Partitions,
+    now: Instant,
+    room: usize,
+    batch: usize,
+) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    for p in partitions.values_mut().filter(|p| p.is_ready()) {
+        if jobs.len() >= room {
+            break;
+        }
+        let Some(now_ms) = p.clock.now_ms(now) else {
+            continue;
+        };
+        let expiries = p.take_due(now_ms, batch);
+        if expiries.is_empty() {
+            continue;
+        }
+        p.redeliveries += expiries.len() as u64;
+        jobs.push(Job {
+            markers_partition: p.id,
+            generation: p.generation,
+            expiries,
+            taken_at_ms: now_ms,
+            taken_at: now,
+        });
+    }
+    jobs
+}
+
+/// When the loop must wake at the latest: the earliest deadline of a ready partition (only
+/// if the worker has room for more), the next commit, or `max_wait` from `now`.
+pub(crate) fn wake_at(
+    partitions: &mut Partitions,
+    now: Instant,
+    next_commit: Instant,
+    max_wait: Duration,
+    worker_has_room: bool,
+) -> Instant {
+    let mut until = (now + max_wait).min(next_commit);
+    if worker_has_room {
+        // `next_deadline` sweeps stale heap entries, hence `mut`.
+        for p in partitions.values_mut().filter(|p| p.is_ready()) {
+            if let Some(at) = p.state.next_deadline().and_then(|d| p.clock.instant_of(d)) {
+                until = until.min(at);
+            }
+        }
+    }
+    until
+}
+
+/// One partition's commit: the offset, the snapshot pointer as metadata, and the epoch the
+/// pointer names (see `OwnedPartition::committed_epoch`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Commit {
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) metadata: Option<String>,
+    pub(crate) epoch: Option<u64>,
+}
+
+/// What one commit interval found: the view of each partition, the commits to make, and
+/// whether the tracker is ready.
+pub(crate) struct Interval {
+    pub(crate) views: Vec<PartitionView>,
+    pub(crate) commits: Vec<Commit>,
+    pub(crate) all_ready: bool,
+}
+
+/// The commit interval at local instant `now`: one summary per partition serves its view,
+/// `snapshot` (called with the partition and its oldest item's offset, to begin a snapshot if
+/// one is due) and its commit. A commit is planned only when it would change something: the
+/// offset, or the snapshot it names.
+pub(crate) fn interval(
+    partitions: &mut Partitions,
+    assigned_once: bool,
+    now: Instant,
+    mut snapshot: impl FnMut(&mut OwnedPartition, i64),
+) -> Interval {
+    let mut all_ready = assigned_once;
+    let mut views = Vec::with_capacity(partitions.len());
+    let mut commits = Vec::new();
+    for p in partitions.values_mut() {
+        let now_ms = p.clock.now_ms(now).unwrap_or(0);
+        let ready = p.is_ready();
+        all_ready &= ready;
+        // A walk over every entry: done once for the view, the snapshot and the commit.
+        let s = p.next_offset.map(|next| p.state.summary(next, now_ms));
+        views.push(PartitionView {
+            partition: p.id,
+            ready,
+            waiting_for_snapshot: p.restore != Restore::Done,
+            in_flight: s.as_ref().map_or(0, |s| s.in_flight),
+            scheduled: s.as_ref().map_or(0, |s| s.scheduled),
+            oldest: s
+                .as_ref()
+                .and_then(|s| s.oldest.as_ref())
+                .map(ToString::to_string),
+            oldest_age_ms: s.as_ref().map_or(0, |s| s.oldest_age_ms),
+            next_deadlines_in_ms: p
+                .state
+                .next_deadlines(5)
+                .iter()
+                .map(|d| d - now_ms)
+                .collect(),
+            redeliveries: p.redeliveries,
+            committed_offset: p.committed,
+        });
+        let Some(oldest) = s.as_ref().map(|s| s.commit_offset) else {
+            continue;
+        };
+        snapshot(p, oldest);
+        let (offset, metadata) = p.commit_point_from(oldest);
+        let epoch = p.snapshot.map(|s| s.epoch);
+        if p.committed != Some(offset) || p.committed_epoch != epoch {
+            p.committed = Some(offset);
+            commits.push(Commit {
+                partition: p.id,
+                offset,
+                metadata,
+                epoch,
+            });
+        }
+    }
+    Interval {
+        views,
+        commits,
+        all_ready,
+    }
+}
+
+/// The safe commits of partitions `ids` at local instant `now`, whatever was committed
+/// before: for a revocation and the final commit.
+pub(crate) fn final_commits(partitions: &mut Partitions, ids: &[i32], now: Instant) -> Vec<Commit> {
+    let mut out = Vec::new();
+    for id in ids {
+        let Some(p) = partitions.get_mut(id) else {
+            continue;
+        };
+        let now_ms = p.clock.now_ms(now).unwrap_or(0);
+        if let Some((offset, metadata)) = p.commit_point(now_ms) {
+            p.committed = Some(offset);
+            out.push(Commit {
+                partition: *id,
+                offset,
+                metadata,
+                epoch: p.snapshot.map(|s| s.epoch),
+            });
+        }
+    }
+    out
+}
+
+/// Records how the commits of an interval went: after a failure every partition is planned
+/// again next time; after a success each committed snapshot epoch is known to be named.
+pub(crate) fn committed(partitions: &mut Partitions, commits: &[Commit], ok: bool) {
+    if !ok {
+        for p in partitions.values_mut() {
+            p.committed = None;
+        }
+        return;
+    }
+    for c in commits {
+        if let Some(p) = partitions.get_mut(&c.partition) {
+            p.committed_epoch = c.epoch;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::marker::{Marker, SourceRef};
+    use crate::tracker::metrics::Metrics;
+
+    const T0_MS: i64 = 1_000_000;
+
+    struct Fixture {
+        partitions: Partitions,
+        metrics: Metrics,
+        t0: Instant,
+        next_offset: i64,
+    }
+
+    impl Fixture {
+        /// Partition 0, assigned and waiting for the Tick with nonce 7.
+        fn new() -> Self {
+            let mut partitions = Partitions::new();
+            partitions.insert(0, OwnedPartition::new("m", 0, 7));
+            Fixture {
+                partitions,
+                metrics: Metrics::new(),
+                t0: Instant::now(),
+                next_offset: 0,
+            }
+        }
+
+        /// Reads `marker` stamped `ts_ms`, `after` into the test.
+        fn read(&mut self, marker: Marker, ts_ms: i64, after: Duration) -> i64 {
+            let offset = self.next_offset;
+            self.next_offset += 1;
+            let p = self.partitions.get_mut(&0).unwrap();
+            let at = self.t0 + after;
+            let ts = p
+                .observe(offset, Some(ts_ms), at, ts_ms, &self.metrics)
+                .unwrap();
+            p.apply(offset, ts, &marker, &self.metrics);
+            offset
+        }
+
+        fn start(&mut self, record: i64, timeout_ms: u32, ts_ms: i64, after: Duration) -> i64 {
+            let m = Marker::Start {
+                source: SourceRef::new("orders", 0, record),
+                timeout_ms,
+                attempt: 1,
+            };
+            self.read(m, ts_ms, after)
+        }
+
+        fn due(&mut self, after: Duration) -> Vec<i64> {
+            due_jobs(&mut self.partitions, self.t0 + after, 16, 100)
+                .iter()
+                .flat_map(|j| j.expiries.iter().map(|e| e.source.offset))
+                .collect()
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn nothing_is_dispatched_before_the_partitions_own_tick_returns() {
+        let mut f = Fixture::new();
+        f.start(10, 1_000, T0_MS, Duration::ZERO);
+        assert!(f.due(5_000 * MS).is_empty(), "still replaying");
+        f.read(Marker::Tick { nonce: 99 }, T0_MS + 5_000, 5_000 * MS);
+        assert!(f.due(5_000 * MS).is_empty(), "another tracker's Tick");
+        f.read(Marker::Tick { nonce: 7 }, T0_MS + 5_000, 5_000 * MS);
+        assert_eq!(
+            f.due(5_000 * MS),
+            [10],
+            "overdue, now that the state is whole"
+        );
+    }
+
+    #[test]
+    fn a_delivery_is_dispatched_at_its_deadline_and_not_before() {
+        let mut f = Fixture::new();
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        f.start(10, 2_000, T0_MS, Duration::ZERO);
+        let p = &mut f.partitions;
+        let wake = wake_at(
+            p,
+            f.t0,
+            f.t0 + Duration::from_secs(60),
+            Duration::from_secs(60),
+            true,
+        );
+        assert_eq!(
+            wake,
+            f.t0 + 2_000 * MS,
+            "the loop sleeps exactly until the deadline"
+        );
+        let idle = wake_at(
+            p,
+            f.t0,
+            f.t0 + Duration::from_secs(60),
+            Duration::from_secs(60),
+            false,
+        );
+        assert_eq!(
+            idle,
+            f.t0 + Duration::from_secs(60),
+            "no room in the worker: no wake-up"
+        );
+        assert!(f.due(1_999 * MS).is_empty());
+        assert_eq!(f.due(2_000 * MS), [10]);
+        assert!(f.due(3_000 * MS).is_empty(), "taken once");
+        assert_eq!(f.partitions[&0].redeliveries, 1);
+    }
+
+    #[test]
+    fn no_more_jobs_than_the_worker_has_room_for() {
+        let mut f = Fixture::new();
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        f.start(10, 1_000, T0_MS, Duration::ZERO);
+        assert!(due_jobs(&mut f.partitions, f.t0 + 5_000 * MS, 0, 100).is_empty());
+        assert_eq!(f.due(5_000 * MS), [10], "still there once room is made");
+    }
+
+    #[test]
+    fn commits_follow_the_oldest_start_and_are_made_once() {
+        let mut f = Fixture::new();
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        let first = f.start(10, 60_000, T0_MS, Duration::ZERO);
+        f.start(11, 60_000, T0_MS, Duration::ZERO);
+        let plan = interval(&mut f.partitions, true, f.t0, |_, _| {});
+        assert!(plan.all_ready);
+        assert_eq!(plan.views[0].in_flight, 2);
+        let offsets: Vec<i64> = plan.commits.iter().map(|c| c.offset).collect();
+        assert_eq!(offsets, [first], "not past the oldest Start in flight");
+        committed(&mut f.partitions, &plan.commits, true);
+        let again = interval(&mut f.partitions, true, f.t0, |_, _| {});
+        assert!(
+            again.commits.is_empty(),
+            "nothing changed: nothing to commit"
+        );
+
+        let end = |r| Marker::End {
+            source: SourceRef::new("orders", 0, r),
+        };
+        f.read(end(10), T0_MS, Duration::ZERO);
+        f.read(end(11), T0_MS, Duration::ZERO);
+        let plan = interval(&mut f.partitions, true, f.t0, |_, _| {});
+        assert_eq!(
+            plan.commits[0].offset, f.next_offset,
+            "nothing in flight: the position"
+        );
+        committed(&mut f.partitions, &plan.commits, false);
+        let retried = interval(&mut f.partitions, true, f.t0, |_, _| {});
+        assert_eq!(
+            retried.commits.len(),
+            1,
+            "a failed commit is made again next interval"
+        );
+    }
+
+    #[test]
+    fn a_revoked_partition_gets_its_safe_commit_even_if_unchanged() {
+        let mut f = Fixture::new();
+        let first = f.start(10, 60_000, T0_MS, Duration::ZERO);
+        let plan = interval(&mut f.partitions, true, f.t0, |_, _| {});
+        assert!(!plan.all_ready, "replaying");
+        committed(&mut f.partitions, &plan.commits, true);
+        let last = final_commits(&mut f.partitions, &[0, 5], f.t0);
+        assert_eq!(last.len(), 1, "owned partitions only");
+        assert_eq!(last[0].offset, first);
+    }
+}
