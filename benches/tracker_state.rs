@@ -1,7 +1,7 @@
 //! Benchmarks of the tracker's in-memory state (no Kafka): Start+End pairs per second, expiry at
 //! one million in flight, and bytes of memory per in-flight delivery.
 //!
-//! Run: `cargo bench --bench tracker_state`. The memory figure is printed first; it is the growth
+//! Run: `cargo bench --features fuzzing --bench tracker_state`. The memory figure is printed first; it is the growth
 //! of the process's resident set while one million deliveries are tracked, divided by one
 //! million, so it includes the allocator's overhead and the hash map's spare capacity.
 

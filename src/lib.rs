@@ -6,7 +6,7 @@
 //!   specified byte by byte in `docs/markers.md`.
 //! - [`client`]: the library a consumer links in. Hands records out as [`client::Delivery`]
 //!   handles to ack, nack, reject or keep alive, and writes their markers.
-//! - [`tracker`]: the RedeliveryTracker. A pure per-partition state ([`tracker::state`]) driven
+//! - [`tracker`]: the RedeliveryTracker. A pure per-partition state driven
 //!   by a markers consumer thread and a redelivery worker thread.
 //! - [`events`]: delivery events (scheduled, delivered, acked, retried, ...) to subscribe to.
 //! - [`failpoint`]: test-only crash, panic and failure points (feature `failpoints`).

@@ -11,6 +11,7 @@ use crate::tracker::inspect::TrackerView;
 
 /// Why `inspect` could not show anything.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum InspectError {
     /// The admin endpoint did not answer.
     #[error("cannot reach the tracker's admin endpoint at {addr}: {why}")]

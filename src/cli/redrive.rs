@@ -21,6 +21,7 @@ use super::args::RedriveArgs;
 
 /// Why a redrive stopped early.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RedriveError {
     /// A Kafka call failed.
     #[error("kafka {what}: {source}")]

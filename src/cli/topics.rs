@@ -15,6 +15,7 @@ use super::args::{KafkaArgs, TopicsArgs};
 
 /// Why a topic command failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TopicsError {
     /// The admin client could not be created or the request failed as a whole.
     #[error("kafka admin: {0}")]

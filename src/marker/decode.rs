@@ -4,6 +4,7 @@ use super::{Marker, MarkerType, ScheduledRecord, SourceRef, VERSION};
 
 /// Why a byte string is not a marker this version understands.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     /// The record had a value of zero bytes.
     #[error("empty marker")]

@@ -3,6 +3,7 @@
 
 /// Why a tracker could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TrackerError {
     /// A Kafka client could not be created or subscribed; the message names which.
     #[error("kafka {what}: {source}")]

@@ -1,24 +1,24 @@
 //! The RedeliveryTracker: consumes the markers topic and redelivers what times out.
 //!
 //! Grouped by concern:
-//! - [`core`]: the decisions, with no Kafka in them: the per-partition [`state`] (deadline
-//!   heap, in-flight map, commit offset), the partition [`clock`], what to do with a due
-//!   delivery ([`action`]) and its copy's headers ([`copy`]), and the ownership fence between
-//!   the two threads.
+//! - `core`: the decisions, with no Kafka in them: the per-partition `state` (deadline
+//!   heap, in-flight map, commit offset; public with the `fuzzing` feature), the partition
+//!   `clock`, what to do with a due delivery (`action`) and its copy's headers (`copy`), and
+//!   the ownership fence between the two threads.
 //! - `markers`: the markers consumer thread (poll, apply, wake at the next deadline,
-//!   dispatch, commit, rebalance callbacks) and one owned markers [`partition`] with its
+//!   dispatch, commit, rebalance callbacks) and one owned markers `partition` with its
 //!   catch-up.
 //! - `redeliver`: the redelivery worker thread: reading originals back, producing copies and
 //!   Ends, scheduled records, the after-takeover published check.
-//! - `snapshot`: bounded replay: the snapshot [`format`](mod@snapshot::format), where it is
-//!   stored, when it is taken, and the restore thread.
+//! - `snapshot`: bounded replay: the snapshot format, where it is stored, when it is taken,
+//!   and the restore thread.
 //! - [`inspect`]: the read-only view behind `/inspect`; [`metrics`]: every metric.
 //! - [`service`]: [`Tracker`], which wires them together and stops gracefully.
 
-pub mod core;
+pub(crate) mod core;
 pub(crate) mod markers;
 pub(crate) mod redeliver;
-pub mod snapshot;
+pub(crate) mod snapshot;
 
 mod config;
 mod error;
@@ -26,10 +26,10 @@ pub mod inspect;
 pub mod metrics;
 pub mod service;
 
-// The paths these had before the tree was grouped by concern; the benchmarks, fuzz targets
-// and tests use them.
-pub use self::core::{action, clock, copy, state};
-pub use markers::partition;
+// Internals stay inside the crate; the state alone is public with the `fuzzing` feature,
+// for the benchmarks and fuzz targets that drive it directly.
+#[cfg(feature = "fuzzing")]
+pub use self::core::state;
 
 pub use config::TrackerConfig;
 pub use error::TrackerError;

@@ -3,7 +3,7 @@
 //! The tracker feeds it markers in offset order with [`PartitionState::on_marker`], asks it which
 //! deliveries are past their deadline with [`PartitionState::expired`], and how long to sleep with
 //! [`PartitionState::next_deadline`]. Time is always passed in (milliseconds of partition time,
-//! see [`crate::tracker::core::clock`]), so tests drive it without Kafka and without sleeping.
+//! see the tracker's `clock` module), so tests drive it without Kafka and without sleeping.
 //!
 //! Memory is the thing to watch here: a tracker may hold millions of deliveries. Each one lives
 //! in a 32-byte slot of a slab (its key with the topic interned to a number, its deadline, and
@@ -246,6 +246,7 @@ fn hash(key: &Key) -> u64 {
 
 impl PartitionState {
     /// An empty state. Schedule markers get the coordinates (``, 0); see [`Self::at`].
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn new() -> Self {
         Self::default()
     }

@@ -52,6 +52,7 @@ pub struct Chunk {
 
 /// Why snapshot bytes could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SnapshotError {
     /// The bytes are not a chunk this version can read.
     #[error("unreadable snapshot chunk: {0}")]
