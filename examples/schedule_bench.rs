@@ -11,7 +11,6 @@
 //! Every run creates its own topics (unique names), so runs never see each other's records.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
@@ -139,7 +138,7 @@ async fn start_tracker(
             eprintln!("tracker failed: {e}");
         }
     });
-    while !ready.load(Ordering::Relaxed) {
+    while !ready.is_ready() {
         if started.elapsed() > Duration::from_secs(600) {
             return Err("tracker not ready after 10 minutes".into());
         }

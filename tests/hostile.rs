@@ -64,7 +64,7 @@ async fn garbage_unknown_versions_and_tombstones_are_skipped_and_counted() {
         )
         .await;
     assert!(
-        tracker.ready.load(std::sync::atomic::Ordering::Relaxed),
+        tracker.ready.is_ready(),
         "still ready"
     );
 

@@ -3,8 +3,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -23,7 +21,7 @@ pub struct AdminState {
     /// Rendered at `/metrics`.
     pub metrics: Metrics,
     /// `/readyz` answers 200 when this is true.
-    pub ready: Arc<AtomicBool>,
+    pub ready: crate::tracker::Readiness,
     /// Rendered as JSON at `/inspect`.
     pub view: SharedView,
 }
@@ -91,7 +89,7 @@ async fn respond(
             r
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if state.ready.load(Ordering::Relaxed) => text(StatusCode::OK, "ready\n"),
+        "/readyz" if state.ready.is_ready() => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "catching up\n"),
         _ => text(
             StatusCode::NOT_FOUND,

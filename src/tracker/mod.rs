@@ -24,6 +24,7 @@ mod config;
 mod error;
 pub mod inspect;
 pub mod metrics;
+mod readiness;
 pub mod service;
 
 // Internals stay inside the crate; the state alone is public with the `fuzzing` feature,
@@ -34,4 +35,5 @@ pub use self::core::state;
 pub use config::TrackerConfig;
 pub use error::TrackerError;
 pub use metrics::Metrics;
+pub use readiness::Readiness;
 pub use service::Tracker;

@@ -16,6 +16,7 @@ use crate::tracker::error::TrackerError;
 use crate::tracker::inspect::SharedView;
 use crate::tracker::markers::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
 use crate::tracker::metrics::Metrics;
+use crate::tracker::readiness::Readiness;
 use crate::tracker::redeliver::worker::Redeliverer;
 use crate::tracker::snapshot::restorer::Restorer;
 
@@ -36,7 +37,7 @@ const GRACE: Duration = Duration::from_secs(10);
 pub struct Tracker {
     config: Arc<TrackerConfig>,
     metrics: Metrics,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
     view: SharedView,
 }
 
@@ -51,7 +52,7 @@ impl Tracker {
         Tracker {
             config: Arc::new(config),
             metrics,
-            ready: Arc::new(AtomicBool::new(false)),
+            ready: Readiness::default(),
             view: SharedView::default(),
         }
     }
@@ -67,8 +68,8 @@ impl Tracker {
         self.metrics.events.subscribe()
     }
 
-    /// True once every assigned markers partition has caught up (see `/readyz`).
-    pub fn readiness(&self) -> Arc<AtomicBool> {
+    /// Whether every assigned markers partition has caught up (see `/readyz`).
+    pub fn readiness(&self) -> Readiness {
         self.ready.clone()
     }
 
@@ -173,7 +174,7 @@ impl Tracker {
             }
         }
         stop_consumer.store(true, Ordering::Relaxed);
-        self.ready.store(false, Ordering::Relaxed);
+        self.ready.set(false);
         // The final commit and the consumer's close wait for the group coordinator; with Kafka
         // gone they would wait forever, so a stop never waits longer than the grace period.
         // Giving up loses nothing: uncommitted markers are replayed by the next owner.

@@ -119,7 +119,7 @@ pub struct TrackerGuard {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     pub metrics: Metrics,
-    pub ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub ready: kafka_redelivery::tracker::Readiness,
 }
 
 impl TrackerGuard {
@@ -146,11 +146,9 @@ impl TrackerGuard {
 
     /// Waits until the tracker reports ready.
     pub async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.ready.load(std::sync::atomic::Ordering::Relaxed) {
-            assert!(Instant::now() < deadline, "tracker never became ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(60), self.ready.wait())
+            .await
+            .expect("tracker never became ready");
     }
 
     pub async fn stop(mut self) {

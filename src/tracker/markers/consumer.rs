@@ -286,7 +286,7 @@ pub(crate) struct MarkersLoop {
     pub(crate) metrics: Metrics,
     pub(crate) jobs: SyncSender<Job>,
     pub(crate) queued: Arc<AtomicUsize>,
-    pub(crate) ready: Arc<AtomicBool>,
+    pub(crate) ready: crate::tracker::Readiness,
     pub(crate) view: SharedView,
     pub(crate) stop: Arc<AtomicBool>,
 }
@@ -480,7 +480,7 @@ impl MarkersLoop {
                 v.ready,
             );
         }
-        self.ready.store(plan.all_ready, Ordering::Relaxed);
+        self.ready.set(plan.all_ready);
         self.metrics
             .readiness(plan.all_ready, owned.partitions.len());
         drop(owned);
