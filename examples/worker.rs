@@ -87,7 +87,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (k, v) in &args.rdkafka {
         config = config.set(k, v);
     }
-    let mut consumer = RedeliveryConsumer::new(config)?;
+    let mut consumer = RedeliveryConsumer::new(config).await?;
     let args = std::sync::Arc::new(args);
     let mut received = 0u64;
     while let Some(d) = consumer.recv().await {

@@ -244,7 +244,7 @@ async fn inspect_shows_what_a_running_tracker_holds() {
     let (mut child, admin) = spawn_tracker(&t, &unique("tracker"), 5);
     wait_ready_http(&admin).await;
     produce_many(&t.source, 2, "i", 6).await;
-    let mut c = consumer(&t, Duration::from_secs(120));
+    let mut c = consumer(&t, Duration::from_secs(120)).await;
     let mut held = Vec::new();
     for _ in 0..6 {
         held.push(
@@ -313,7 +313,7 @@ async fn dlq_redrive_sends_filtered_records_back_and_resumes_where_it_stopped() 
     wait_ready_http(&admin).await;
     produce_many(&t.source, 1, "d", 8).await;
     let group = unique("g");
-    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_millis(500));
+    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_millis(500)).await;
     let mut originals = std::collections::HashMap::new();
     // Even keys are rejected, odd ones abandoned: with one delivery allowed, all 8 are dead-lettered.
     for _ in 0..8 {
@@ -366,7 +366,7 @@ async fn dlq_redrive_sends_filtered_records_back_and_resumes_where_it_stopped() 
         redrive(&[]).starts_with("redrove 0 of 0"),
         "a finished redrive has nothing left"
     );
-    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(60));
+    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(60)).await;
     let mut back = Vec::new();
     for _ in 0..4 {
         let d = c

@@ -17,7 +17,7 @@ async fn handlers_run_concurrently_within_the_limit_and_a_panic_loses_nothing() 
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     tracker.wait_ready().await;
     produce_many(&t.source, 2, "c", 60).await;
-    let mut c = consumer(&t, Duration::from_secs(30));
+    let mut c = consumer(&t, Duration::from_secs(30)).await;
     let limit = 4;
     let running = Arc::new(AtomicUsize::new(0));
     let most = Arc::new(AtomicUsize::new(0));

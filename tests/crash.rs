@@ -85,7 +85,7 @@ async fn killed_worker_loses_nothing() {
         extra.len()
     );
 
-    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30));
+    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30)).await;
     let all: BTreeSet<String> = (0..200).map(|i| format!("w-{i}")).collect();
     let seen = ack_until(&mut c, &all, Duration::from_secs(120)).await;
     for k in &held {
@@ -117,7 +117,7 @@ async fn killed_tracker_restarts_from_its_commit_and_redelivers_only_after_catch
     wait_ready_http(&admin_a).await;
 
     produce_many(&source, 1, "t", 40).await;
-    let mut c = consumer_of(&source, &t.markers, &unique("g"), Duration::from_secs(8));
+    let mut c = consumer_of(&source, &t.markers, &unique("g"), Duration::from_secs(8)).await;
     let mut unacked = BTreeSet::new();
     for _ in 0..40 {
         let d = c
@@ -231,7 +231,7 @@ async fn surviving_replica_takes_over_with_nothing_lost() {
     }
 
     produce_many(&t.source, 4, "r", 100).await;
-    let mut c = consumer(&t, Duration::from_secs(5));
+    let mut c = consumer(&t, Duration::from_secs(5)).await;
     for _ in 0..100 {
         c.recv_timeout(Duration::from_secs(60))
             .await

@@ -45,7 +45,7 @@ async fn crash_at(point: &str, worker_args: &[&str]) -> HashMap<String, Vec<u32>
         "the worker should have crashed at {point}"
     );
 
-    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30));
+    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30)).await;
     let mut seen: HashMap<String, Vec<u32>> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while seen.len() < RECORDS {
@@ -150,7 +150,7 @@ async fn a_failed_start_whose_seek_fails_too_is_never_committed_past() {
     worker.kill().unwrap();
     worker.wait().unwrap();
 
-    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30));
+    let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30)).await;
     let mut seen = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while seen.len() < 20 {

@@ -30,7 +30,7 @@ async fn a_message_life_is_announced_by_each_part() {
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     let mut tracked = tracker.metrics.events.subscribe();
     tracker.wait_ready().await;
-    let mut c = consumer(&t, Duration::from_secs(30));
+    let mut c = consumer(&t, Duration::from_secs(30)).await;
     let mut consumed = c.events();
     let s = Scheduler::new(SchedulerConfig::new(brokers(), &t.markers))
         .await

@@ -63,13 +63,10 @@ async fn garbage_unknown_versions_and_tombstones_are_skipped_and_counted() {
             1.0,
         )
         .await;
-    assert!(
-        tracker.ready.is_ready(),
-        "still ready"
-    );
+    assert!(tracker.ready.is_ready(), "still ready");
 
     // And it still does its job.
-    let mut c = consumer(&t, Duration::from_millis(500));
+    let mut c = consumer(&t, Duration::from_millis(500)).await;
     produce(&t.source, None, "after-garbage", b"v", &[]).await;
     c.recv_timeout(Duration::from_secs(60))
         .await
@@ -242,7 +239,7 @@ async fn a_source_topic_deleted_in_flight_is_dead_lettered_with_the_reason() {
     let t = topics(1, 1).await;
     // Long enough for the topic to be gone before the deadline, even on a loaded machine: the
     // read must find it deleted, not copy it back (this broker auto-creates topics).
-    let mut c = consumer(&t, Duration::from_secs(10));
+    let mut c = consumer(&t, Duration::from_secs(10)).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     tracker.wait_ready().await;
     produce(&t.source, Some(0), "doomed", b"payload", &[]).await;
@@ -291,7 +288,7 @@ async fn a_header_name_that_is_not_utf8_is_carried_byte_for_byte() {
         .unwrap();
     produce(&t.source, Some(0), "after", b"3", &[]).await;
 
-    let mut c = consumer(&t, Duration::from_secs(2));
+    let mut c = consumer(&t, Duration::from_secs(2)).await;
     let mut keys = Vec::new();
     for _ in 0..3 {
         let d = c
@@ -364,7 +361,7 @@ async fn kr_headers_out_of_range_are_clamped_or_ignored_and_counted() {
         )
         .await;
     }
-    let mut c = consumer(&t, default);
+    let mut c = consumer(&t, default).await;
     for (name, value, timeout) in cases {
         let d = c.recv_timeout(Duration::from_secs(30)).await.unwrap();
         assert_eq!(d.timeout(), timeout, "{name}: {value}");
@@ -417,7 +414,7 @@ async fn a_far_future_marker_timestamp_does_not_make_deliveries_due() {
         .wait_metric("redelivery_clock_jumps_total{kind=\"outlier\"}", 1.0)
         .await;
 
-    let mut c = consumer(&t, Duration::from_secs(5));
+    let mut c = consumer(&t, Duration::from_secs(5)).await;
     produce(&t.source, Some(0), "held", b"v", &[]).await;
     let d = c.recv_timeout(Duration::from_secs(30)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await; // well within its 5 s timeout

@@ -132,7 +132,7 @@ async fn prometheus_runs_every_dashboard_and_alert_query_against_a_working_track
 
     // Real work: acks, timeouts to the maximum, rejects, nacks, and one undecodable marker.
     produce_many(&t.source, 2, "op", 40).await;
-    let mut c = consumer(&t, Duration::from_millis(800));
+    let mut c = consumer(&t, Duration::from_millis(800)).await;
     let worker = tokio::spawn(async move {
         while let Some(d) = c.recv().await {
             let n: u32 = String::from_utf8_lossy(d.key().unwrap())[3..]

@@ -78,7 +78,7 @@ async fn a_tracker_started_before_its_broker_waits_unready_then_works() {
     proxy(port, brokers()).await;
     wait_ready_http(&admin).await;
     assert!(log_text(&log).contains("Kafka reached"));
-    let mut c = consumer(&t, Duration::from_secs(2));
+    let mut c = consumer(&t, Duration::from_secs(2)).await;
     produce(&t.source, Some(0), "late", b"v", &[]).await;
     c.recv().await.unwrap().abandon();
     let again = c.recv().await.unwrap();
@@ -169,7 +169,9 @@ async fn a_tracker_whose_broker_is_gone_still_stops_on_sigterm() {
     wait_ready_http(&admin).await;
     // Something in flight, so the final commit has work to do.
     cluster.produce_many(&t.source, 2, "gone", 20).await;
-    let mut c = cluster.consumer_of(&t.source, &t.markers, &unique("g"), Duration::from_secs(60));
+    let mut c = cluster
+        .consumer_of(&t.source, &t.markers, &unique("g"), Duration::from_secs(60))
+        .await;
     for _ in 0..20 {
         c.recv_timeout(Duration::from_secs(60))
             .await

@@ -10,12 +10,13 @@ use common::*;
 use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer, RetryPolicy};
 use kafka_redelivery::headers;
 
-fn consumer_with(t: &Topics, policy: RetryPolicy) -> RedeliveryConsumer {
+async fn consumer_with(t: &Topics, policy: RetryPolicy) -> RedeliveryConsumer {
     RedeliveryConsumer::new(
         ConsumerConfig::new(brokers(), unique("group"), [&t.source], &t.markers)
             .timeout(Duration::from_secs(60))
             .retry(policy),
     )
+    .await
     .unwrap()
 }
 
@@ -29,7 +30,7 @@ async fn backoff_grows_as_configured_and_the_limit_dead_letters() {
     let policy = RetryPolicy::exponential(initial, Duration::from_secs(10))
         .jitter(0.0)
         .max_deliveries(4);
-    let mut c = consumer_with(&t, policy.clone());
+    let mut c = consumer_with(&t, policy.clone()).await;
     produce(&t.source, None, "k", b"v", &[]).await;
 
     let mut gaps = Vec::new();
@@ -78,7 +79,7 @@ async fn a_per_message_limit_lowers_the_policy() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 10));
     tracker.wait_ready().await;
-    let mut c = consumer_with(&t, RetryPolicy::fixed(Duration::ZERO).max_deliveries(5));
+    let mut c = consumer_with(&t, RetryPolicy::fixed(Duration::ZERO).max_deliveries(5)).await;
     produce(
         &t.source,
         None,

@@ -59,13 +59,15 @@ fn grant_dlq(cluster: &Cluster, t: &Topics) {
     acl(cluster, "tracker", ("--topic", &t.dlq), &["Write"]);
 }
 
-fn worker(cluster: &Cluster, t: &Topics, group: &str) -> RedeliveryConsumer {
+async fn worker(cluster: &Cluster, t: &Topics, group: &str) -> RedeliveryConsumer {
     let mut config = ConsumerConfig::new(cluster.addr.clone(), group, [&t.source], &t.markers)
         .timeout(Duration::from_secs(2));
     for (k, v) in cluster.user_settings("worker", WORKER_PASSWORD) {
         config = config.set(k, v);
     }
-    RedeliveryConsumer::new(config).expect("consumer created")
+    RedeliveryConsumer::new(config)
+        .await
+        .expect("consumer created")
 }
 
 fn tracker_config(cluster: &Cluster, t: &Topics, group: &str) -> TrackerConfig {
@@ -85,7 +87,7 @@ async fn with_the_documented_acls_everything_works_and_a_missing_dlq_acl_loses_n
     grant(&cluster, &t, &wg, &tg, false);
     let tracker = TrackerGuard::start(tracker_config(&cluster, &t, &tg));
     tracker.wait_ready().await;
-    let mut c = worker(&cluster, &t, &wg);
+    let mut c = worker(&cluster, &t, &wg).await;
 
     cluster
         .produce(&t.source, Some(0), "timeout", b"1", &[])

@@ -14,7 +14,7 @@ use kafka_redelivery::marker::SourceRef;
 async fn acked_records_are_never_redelivered() {
     let t = topics(2, 2).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
-    let mut c = consumer(&t, Duration::from_secs(1));
+    let mut c = consumer(&t, Duration::from_secs(1)).await;
     produce_many(&t.source, 2, "ack", 20).await;
     let mut keys = Vec::new();
     for _ in 0..20 {
@@ -51,7 +51,7 @@ async fn acked_records_are_never_redelivered() {
 async fn unsettled_record_is_redelivered_intact_with_the_next_attempt() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
-    let mut c = consumer(&t, Duration::from_secs(30));
+    let mut c = consumer(&t, Duration::from_secs(30)).await;
     let (p, o) = produce(
         &t.source,
         None,
@@ -102,7 +102,7 @@ async fn unsettled_record_is_redelivered_intact_with_the_next_attempt() {
 async fn keep_alive_holds_a_delivery_past_its_timeout() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
-    let mut c = consumer(&t, Duration::from_secs(1));
+    let mut c = consumer(&t, Duration::from_secs(1)).await;
     produce(&t.source, None, "k", b"v", &[]).await;
     let d = c
         .recv_timeout(Duration::from_secs(60))
@@ -138,6 +138,7 @@ async fn auto_keep_alive_holds_a_delivery_while_the_handle_lives() {
         .timeout(Duration::from_secs(1))
         .auto_keep_alive(true),
     )
+    .await
     .unwrap();
     produce(&t.source, None, "k", b"v", &[]).await;
     let d = c
@@ -158,7 +159,7 @@ async fn auto_keep_alive_holds_a_delivery_while_the_handle_lives() {
 async fn nack_redelivers_after_the_delay() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
-    let mut c = consumer(&t, Duration::from_secs(60));
+    let mut c = consumer(&t, Duration::from_secs(60)).await;
     produce(&t.source, None, "k", b"v", &[]).await;
     let d = c
         .recv_timeout(Duration::from_secs(60))
@@ -193,7 +194,7 @@ async fn nack_redelivers_after_the_delay() {
 async fn dropped_delivery_is_released_at_once() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
-    let mut c = consumer(&t, Duration::from_secs(600));
+    let mut c = consumer(&t, Duration::from_secs(600)).await;
     produce(&t.source, None, "k", b"v", &[]).await;
     let d = c
         .recv_timeout(Duration::from_secs(60))
@@ -215,7 +216,7 @@ async fn dropped_delivery_is_released_at_once() {
 async fn reject_sends_the_record_to_the_dead_letter_topic_with_its_reason() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
-    let mut c = consumer(&t, Duration::from_secs(60));
+    let mut c = consumer(&t, Duration::from_secs(60)).await;
     let (p, o) = produce(&t.source, None, "bad", b"{not json", &[("trace", "t1")]).await;
     let d = c
         .recv_timeout(Duration::from_secs(60))
@@ -247,7 +248,7 @@ async fn reject_sends_the_record_to_the_dead_letter_topic_with_its_reason() {
 async fn max_deliveries_ends_in_the_dead_letter_topic() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 3));
-    let mut c = consumer(&t, Duration::from_millis(500));
+    let mut c = consumer(&t, Duration::from_millis(500)).await;
     produce(&t.source, None, "doomed", b"v", &[]).await;
     let mut attempts = Vec::new();
     while attempts.len() < 3 {

@@ -242,7 +242,7 @@ async fn ours(
     .timeout(Duration::from_secs(2))
     .max_batch(BATCH)
     .max_unsettled(UNSETTLED);
-    let mut c = RedeliveryConsumer::new(config)?;
+    let mut c = RedeliveryConsumer::new(config).await?;
     let acked = Arc::new(AtomicUsize::new(0));
     let mut lat = Vec::new();
     let started = Instant::now();

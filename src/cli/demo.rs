@@ -103,7 +103,8 @@ async fn demo(args: &DemoArgs) -> Result<bool, Box<dyn std::error::Error>> {
         ConsumerConfig::new(&brokers, "demo-worker", [SOURCE], MARKERS)
             .timeout(Duration::from_secs(1))
             .max_unsettled(200),
-    )?;
+    )
+    .await?;
     produce(&brokers, args.messages).await?;
 
     let tally = Arc::new(Mutex::new(Tally::default()));

@@ -6,13 +6,15 @@ use crate::marker::SourceRef;
 ///
 /// ```no_run
 /// use kafka_redelivery::client::{ClientError, ConsumerConfig, RedeliveryConsumer};
+/// # async fn demo() {
 /// // A markers topic that does not exist is refused up front, with a hint.
 /// let config = ConsumerConfig::new("localhost:9092", "g", ["orders"], "missing.markers");
-/// match RedeliveryConsumer::new(config) {
+/// match RedeliveryConsumer::new(config).await {
 ///     Err(ClientError::MarkersTopic { topic, why }) => eprintln!("{topic}: {why}"),
 ///     Err(other) => eprintln!("{other}"),
 ///     Ok(_consumer) => {}
 /// }
+/// # }
 /// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

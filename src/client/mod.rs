@@ -11,7 +11,7 @@
 //!
 //! # async fn work() -> Result<(), Box<dyn std::error::Error>> {
 //! let config = ConsumerConfig::new("localhost:9092", "billing", ["orders"], "orders.markers");
-//! let mut consumer = RedeliveryConsumer::new(config)?;
+//! let mut consumer = RedeliveryConsumer::new(config).await?;
 //! while let Some(delivery) = consumer.recv().await {
 //!     match delivery.payload() {
 //!         Some(b"poison") => delivery.reject("cannot parse").await?,
@@ -65,7 +65,7 @@ use settler::Settler;
 /// # async fn run() -> Result<(), kafka_redelivery::client::ClientError> {
 /// let config = ConsumerConfig::new("localhost:9092", "mailer", ["emails"], "emails.markers")
 ///     .max_unsettled(256);
-/// let mut consumer = RedeliveryConsumer::new(config)?;
+/// let mut consumer = RedeliveryConsumer::new(config).await?;
 /// while let Some(delivery) = consumer.recv().await {
 ///     tokio::spawn(async move {
 ///         // ... send the e-mail ...
@@ -91,8 +91,16 @@ pub struct RedeliveryConsumer {
 const CLOSE_WAIT: Duration = Duration::from_secs(30);
 
 impl RedeliveryConsumer {
-    /// Connects, checks the markers topic, subscribes and starts polling.
-    pub fn new(config: ConsumerConfig) -> Result<Self, ClientError> {
+    /// Connects, checks the markers topic, subscribes and starts polling. The metadata lookup
+    /// (up to 10 s against a slow broker) runs on a blocking thread, not on the caller's
+    /// async runtime.
+    pub async fn new(config: ConsumerConfig) -> Result<Self, ClientError> {
+        tokio::task::spawn_blocking(move || Self::connect(config))
+            .await
+            .map_err(|e| ClientError::PollThread(format!("could not be set up: {e}")))?
+    }
+
+    fn connect(config: ConsumerConfig) -> Result<Self, ClientError> {
         let consumer: BaseConsumer = config
             .client_config(&[
                 ("group.id", &config.group_id),

@@ -41,7 +41,8 @@ impl Readiness {
     }
 
     pub(crate) fn set(&self, ready: bool) {
-        self.0.send_if_modified(|r| std::mem::replace(r, ready) != ready);
+        self.0
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
     }
 }
 

@@ -285,7 +285,7 @@ impl Cluster {
     }
 
     /// A client-library consumer of `source` in `group`, with this cluster's settings.
-    pub fn consumer_of(
+    pub async fn consumer_of(
         &self,
         source: &str,
         markers: &str,
@@ -297,7 +297,9 @@ impl Cluster {
         for (k, v) in &self.settings {
             config = config.set(k, v);
         }
-        RedeliveryConsumer::new(config).expect("consumer created")
+        RedeliveryConsumer::new(config)
+            .await
+            .expect("consumer created")
     }
 
     /// A tracker config for tests: fast commits, the given max deliveries.

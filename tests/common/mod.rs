@@ -213,18 +213,23 @@ pub fn metric_value(text: &str, series: &str) -> f64 {
 }
 
 /// A client-library consumer of the test's source topic, in a fresh group.
-pub fn consumer(t: &Topics, timeout: Duration) -> kafka_redelivery::client::RedeliveryConsumer {
-    consumer_of(&t.source, &t.markers, &unique("group"), timeout)
+pub async fn consumer(
+    t: &Topics,
+    timeout: Duration,
+) -> kafka_redelivery::client::RedeliveryConsumer {
+    consumer_of(&t.source, &t.markers, &unique("group"), timeout).await
 }
 
 /// A client-library consumer of `source` in `group`.
-pub fn consumer_of(
+pub async fn consumer_of(
     source: &str,
     markers: &str,
     group: &str,
     timeout: Duration,
 ) -> kafka_redelivery::client::RedeliveryConsumer {
-    Cluster::shared().consumer_of(source, markers, group, timeout)
+    Cluster::shared()
+        .consumer_of(source, markers, group, timeout)
+        .await
 }
 
 /// A tracker config for tests: fast commits, the given max deliveries.
