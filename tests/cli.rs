@@ -224,7 +224,7 @@ async fn admin_endpoints_answer_and_change_nothing() {
         assert!(body.contains(family), "/metrics lacks {family}");
     }
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(&admin).unwrap();
+    let mut s = std::net::TcpStream::connect(&*admin).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,

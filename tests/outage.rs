@@ -42,11 +42,12 @@ async fn a_tracker_started_before_its_broker_waits_unready_then_works() {
     // Nothing listens on this port until the proxy opens it.
     let port = free_port();
     let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("late.log"));
-    let admin = format!("127.0.0.1:{}", free_port());
+    let admin = AdminAddr::new();
     let mut tracker = ChildGuard(
         std::process::Command::new(tracker_bin())
             .args(["run", "--brokers", &format!("127.0.0.1:{port}")])
-            .args(["--markers-topic", &t.markers, "--admin-listen", &admin])
+            .args(["--markers-topic", &t.markers])
+            .args(admin.args())
             .args([
                 "--group-id",
                 &unique("tracker"),

@@ -133,7 +133,15 @@ async fn with_the_documented_acls_everything_works_and_a_missing_dlq_acl_loses_n
     tracker.stop().await;
 }
 
-fn tracker_run(cluster: &Cluster, t: &Topics, group: &str, password: &str, admin: &str) -> Command {
+/// The tracker's `run` command as `user` tracker with `password`, its admin server where
+/// `admin` says (its args: see `AdminAddr`).
+fn tracker_run(
+    cluster: &Cluster,
+    t: &Topics,
+    group: &str,
+    password: &str,
+    admin: &AdminAddr,
+) -> Command {
     let mut c = Command::new(tracker_bin());
     c.args([
         "run",
@@ -142,7 +150,8 @@ fn tracker_run(cluster: &Cluster, t: &Topics, group: &str, password: &str, admin
         "--markers-topic",
         &t.markers,
     ])
-    .args(["--group-id", group, "--admin-listen", admin]);
+    .args(["--group-id", group])
+    .args(admin.args());
     let settings: Vec<String> = cluster
         .user_settings("tracker", password)
         .into_iter()
@@ -163,15 +172,9 @@ async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
 
     let wrong = "wrong-Pa55-never-shown";
     let started = Instant::now();
-    let out = tracker_run(
-        &cluster,
-        &t,
-        &tg,
-        wrong,
-        &format!("127.0.0.1:{}", free_port()),
-    )
-    .output()
-    .unwrap();
+    let out = tracker_run(&cluster, &t, &tg, wrong, &AdminAddr::new())
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(77), "{stderr}");
     assert!(
@@ -187,7 +190,7 @@ async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
     assert!(!stderr.contains(wrong), "the password was logged: {stderr}");
 
     // --help with the secret in the environment.
-    let help = tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, "127.0.0.1:1")
+    let help = tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, &AdminAddr::new())
         .arg("--help")
         .output()
         .unwrap();
@@ -199,7 +202,7 @@ async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
     );
 
     // A working tracker at debug level: logs, /metrics and /inspect.
-    let admin = format!("127.0.0.1:{}", free_port());
+    let admin = AdminAddr::new();
     let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("secure.log"));
     let mut running = ChildGuard(
         tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, &admin)

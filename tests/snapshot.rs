@@ -13,7 +13,7 @@ use kafka_redelivery::tracker::inspect::TrackerView;
 use rdkafka::message::Message;
 
 /// A tracker process; `snapshot_after` 0 turns its own snapshots off.
-fn tracker(t: &Topics, group: &str, snapshot_after: u64) -> (ChildGuard, String) {
+fn tracker(t: &Topics, group: &str, snapshot_after: u64) -> (ChildGuard, AdminAddr) {
     let (mut c, admin) = Cluster::shared().tracker_command(t, group, 5);
     let child = c
         .args([

@@ -42,12 +42,6 @@ fn binary() -> Result<std::path::PathBuf, Error> {
     Ok(bin)
 }
 
-fn free_port() -> Result<u16, Error> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     let mut s = std::net::TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -65,43 +59,17 @@ impl TrackerProcess {
         Self::start_with(brokers, markers, group, &[])
     }
 
-    /// Like [`Self::start`], with extra `run` flags.
-    ///
-    /// The admin port is found free and then handed to the tracker, so another process (any
-    /// outgoing connection's ephemeral port) can take it in between, and the tracker then
-    /// exits at start-up. A tracker that exits before it is ready is started again on a new
-    /// port, up to three times; its own error is on stderr.
+    /// Like [`Self::start`], with extra `run` flags. The tracker binds its admin server on a
+    /// port of its choosing and writes the address to a file, read back here: no port is
+    /// picked before the tracker binds it.
     pub fn start_with(
         brokers: &str,
         markers: &str,
         group: &str,
         extra: &[&str],
     ) -> Result<(Self, Duration), Error> {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match Self::try_start(brokers, markers, group, extra)? {
-                Ok(started) => return Ok(started),
-                Err(status) if tries < 3 => {
-                    eprintln!(
-                        "the tracker exited before it was ready ({status}); starting it again"
-                    );
-                }
-                Err(status) => {
-                    return Err(format!("the tracker exited before it was ready ({status})").into())
-                }
-            }
-        }
-    }
-
-    /// One start: the ready tracker, or how it exited before it was ready.
-    fn try_start(
-        brokers: &str,
-        markers: &str,
-        group: &str,
-        extra: &[&str],
-    ) -> Result<Result<(Self, Duration), std::process::ExitStatus>, Error> {
-        let admin = format!("127.0.0.1:{}", free_port()?);
+        let address_file = std::env::temp_dir().join(format!("{group}.admin-addr"));
+        let _ = std::fs::remove_file(&address_file);
         // BENCH_TRACKER_LOGS=DIR keeps each tracker's debug log there (for profiling a run).
         let log = match std::env::var_os("BENCH_TRACKER_LOGS") {
             Some(dir) => Some(std::fs::File::create(
@@ -110,9 +78,11 @@ impl TrackerProcess {
             None => None,
         };
         let started = Instant::now();
-        let child = Command::new(binary()?)
+        let mut child = Command::new(binary()?)
             .args(["run", "--brokers", brokers, "--markers-topic", markers])
-            .args(["--group-id", group, "--admin-listen", &admin])
+            .args(["--group-id", group, "--admin-listen", "127.0.0.1:0"])
+            .arg("--admin-address-file")
+            .arg(&address_file)
             .args(["--commit-interval", "1s", "--max-deliveries", "100"])
             .args(extra)
             .env(
@@ -127,17 +97,27 @@ impl TrackerProcess {
             // Warnings and errors go where the suite's own stderr goes.
             .stderr(log.map_or_else(Stdio::inherit, Stdio::from))
             .spawn()?;
+        let admin = loop {
+            if let Ok(a) = std::fs::read_to_string(&address_file) {
+                let _ = std::fs::remove_file(&address_file);
+                break a;
+            }
+            if let Some(status) = child.try_wait()? {
+                return Err(format!("the tracker exited at start-up ({status})").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         let mut t = TrackerProcess { child, admin };
         while http_get(&t.admin, "/readyz").map(|r| r.0) != Some(200) {
             if let Some(status) = t.child.try_wait()? {
-                return Ok(Err(status));
+                return Err(format!("the tracker exited before it was ready ({status})").into());
             }
             if started.elapsed() > Duration::from_secs(600) {
                 return Err("the tracker was not ready within 10 minutes".into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(Ok((t, started.elapsed())))
+        Ok((t, started.elapsed()))
     }
 
     /// Stops it with SIGTERM, so it commits and leaves its group at once (a killed member

@@ -148,6 +148,10 @@ pub struct RunArgs {
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
     #[arg(long, env = "REDELIVERY_ADMIN_LISTEN", default_value = "0.0.0.0:9464")]
     pub admin_listen: SocketAddr,
+    /// Once the admin server listens, write its address to this file (so --admin-listen may
+    /// use port 0, and a supervisor or test reads the port back).
+    #[arg(long, env = "REDELIVERY_ADMIN_ADDRESS_FILE")]
+    pub admin_address_file: Option<std::path::PathBuf>,
     /// Deliveries allowed per record before it goes to the dead-letter topic (1 to 8191, the
     /// most attempts the tracker counts).
     #[arg(long, env = "REDELIVERY_MAX_DELIVERIES", default_value_t = 5,

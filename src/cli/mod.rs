@@ -151,7 +151,15 @@ async fn run(args: RunArgs) -> ExitCode {
     // The admin server comes first, so that while Kafka cannot be reached /healthz answers
     // and /readyz says "not ready".
     let admin_task = match admin::serve(args.admin_listen, state).await {
-        Ok((_, task)) => task,
+        Ok((bound, task)) => {
+            if let Some(path) = &args.admin_address_file {
+                if let Err(e) = write_address(path, bound) {
+                    eprintln!("error: --admin-address-file {}: {e}", path.display());
+                    return ExitCode::from(EX_USAGE);
+                }
+            }
+            task
+        }
         Err(e) => {
             eprintln!("error: --admin-listen {}: {e}", args.admin_listen);
             return ExitCode::from(EX_USAGE);
@@ -200,4 +208,11 @@ pub async fn shutdown_signal() {
         _ = ctrl_c => tracing::info!("SIGINT received"),
         _ = term => tracing::info!("SIGTERM received"),
     }
+}
+
+/// Writes `addr` to `path` whole or not at all (a reader never sees half an address).
+fn write_address(path: &std::path::Path, addr: std::net::SocketAddr) -> std::io::Result<()> {
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, addr.to_string())?;
+    std::fs::rename(&partial, path)
 }

@@ -14,7 +14,7 @@ use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
-use super::{brokers, free_port, log_file, tracker_bin, unique, ChildGuard, Topics};
+use super::{brokers, log_file, tracker_bin, unique, AdminAddr, ChildGuard, Topics};
 
 /// A broker and the client settings it needs.
 pub struct Cluster {
@@ -330,15 +330,16 @@ impl Cluster {
         c
     }
 
-    /// The tracker binary's `run` command for the test's markers topic, with an admin port;
-    /// returns the command and the admin address. Add flags and spawn it.
+    /// The tracker binary's `run` command for the test's markers topic, with an admin server
+    /// on a port of its choosing; returns the command and the admin address (read back once
+    /// the tracker has bound it). Add flags and spawn it.
     pub fn tracker_command(
         &self,
         t: &Topics,
         group: &str,
         max_deliveries: u32,
-    ) -> (Command, String) {
-        let admin = format!("127.0.0.1:{}", free_port());
+    ) -> (Command, AdminAddr) {
+        let admin = AdminAddr::new();
         let mut c = Command::new(tracker_bin());
         c.args([
             "run",
@@ -347,7 +348,8 @@ impl Cluster {
             "--markers-topic",
             &t.markers,
         ])
-        .args(["--group-id", group, "--admin-listen", &admin])
+        .args(["--group-id", group])
+        .args(admin.args())
         .args(["--max-deliveries", &max_deliveries.to_string()])
         .args(["--commit-interval", "200ms"])
         .args(self.x_args())
@@ -362,7 +364,7 @@ impl Cluster {
         t: &Topics,
         group: &str,
         max_deliveries: u32,
-    ) -> (ChildGuard, String) {
+    ) -> (ChildGuard, AdminAddr) {
         let (mut c, admin) = self.tracker_command(t, group, max_deliveries);
         let child = c
             .stderr(Stdio::from(log_file(group)))

@@ -282,7 +282,7 @@ pub fn worker_command(t: &Topics, group: &str) -> Command {
 }
 
 /// Starts the tracker binary with an admin port; returns the child and the admin address.
-pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (ChildGuard, String) {
+pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (ChildGuard, AdminAddr) {
     Cluster::shared().spawn_tracker(t, group, max_deliveries)
 }
 
@@ -300,6 +300,65 @@ pub fn sigterm(child: &std::process::Child) {
         .status()
         .expect("kill could not be run");
     assert!(status.success(), "kill -TERM failed");
+}
+
+/// The admin address of a tracker process started with `--admin-listen 127.0.0.1:0`: read
+/// back from its `--admin-address-file` the first time it is used, so no port is picked
+/// before the tracker binds it (a port picked free and handed over can be taken meanwhile).
+pub struct AdminAddr {
+    file: std::path::PathBuf,
+    addr: std::sync::OnceLock<String>,
+}
+
+impl AdminAddr {
+    /// An address the tracker will write to a new file; pass [`Self::args`] to it.
+    pub fn new() -> Self {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin");
+        std::fs::create_dir_all(&dir).unwrap();
+        AdminAddr {
+            file: dir.join(format!("{}.addr", rand::random::<u64>())),
+            addr: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The tracker flags that bind port 0 and write the bound address.
+    pub fn args(&self) -> [String; 4] {
+        [
+            "--admin-listen".into(),
+            "127.0.0.1:0".into(),
+            "--admin-address-file".into(),
+            self.file.display().to_string(),
+        ]
+    }
+}
+
+impl std::ops::Deref for AdminAddr {
+    type Target = str;
+
+    /// Waits (up to a minute) for the tracker to have bound its admin server.
+    fn deref(&self) -> &str {
+        self.addr.get_or_init(|| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Ok(a) = std::fs::read_to_string(&self.file) {
+                    let _ = std::fs::remove_file(&self.file);
+                    return a;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the tracker never wrote its admin address to {}",
+                    self.file.display()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
+    }
 }
 
 pub fn free_port() -> u16 {
