@@ -23,6 +23,9 @@ async fn crash_at(point: &str, worker_args: &[&str]) -> HashMap<String, Vec<u32>
     let group = unique("workers");
     let mut worker = worker_command(&t, &group)
         .args(["--timeout", "2s"])
+        // The killed worker's membership must expire before the fresh consumer below gets its
+        // partition: 6 s (the broker's minimum) rather than librdkafka's 45 s default.
+        .args(["-X", "session.timeout.ms=6000"])
         .args(worker_args)
         .env("KR_FAILPOINT", point)
         .stdout(Stdio::null())
