@@ -227,20 +227,24 @@ async fn ready_at(admin: &str) -> std::time::Instant {
     std::time::Instant::now()
 }
 
+/// A tracker process in `group` with a 6 s session, so a killed replica's partitions move on
+/// quickly.
+fn tracker_process(t: &Topics, group: &str) -> (ChildGuard, AdminAddr) {
+    let (mut c, admin) = Cluster::shared().tracker_command(t, group, 5);
+    let child = c
+        .args(["-X", "session.timeout.ms=6000"])
+        .stderr(std::process::Stdio::from(log_file(group)))
+        .spawn()
+        .unwrap();
+    (ChildGuard(child), admin)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_pending_through_a_tracker_sigkill_each_arrive_exactly_once() {
     const N: usize = 3000;
     let t = topics(4, 4).await;
     let group = unique("tracker");
-    let start_tracker = || {
-        let (mut c, admin) = Cluster::shared().tracker_command(&t, &group, 5);
-        let child = c
-            .args(["-X", "session.timeout.ms=6000"])
-            .stderr(std::process::Stdio::from(log_file(&group)))
-            .spawn()
-            .unwrap();
-        (ChildGuard(child), admin)
-    };
+    let start_tracker = || tracker_process(&t, &group);
     let (mut tracker, admin) = start_tracker();
     wait_ready_http(&admin).await;
     let s = scheduler(&t).await;
@@ -363,15 +367,7 @@ async fn a_rolling_restart_of_two_replicas_publishes_each_schedule_once() {
     const N: usize = 600;
     let t = topics(4, 4).await;
     let group = unique("tracker");
-    let start_tracker = || {
-        let (mut c, admin) = Cluster::shared().tracker_command(&t, &group, 5);
-        let child = c
-            .args(["-X", "session.timeout.ms=6000"])
-            .stderr(std::process::Stdio::from(log_file(&group)))
-            .spawn()
-            .unwrap();
-        (ChildGuard(child), admin)
-    };
+    let start_tracker = || tracker_process(&t, &group);
     let (mut a, admin_a) = start_tracker();
     let (_b, admin_b) = start_tracker();
     wait_ready_http(&admin_a).await;
