@@ -105,13 +105,14 @@ pub fn read(topic: &str, n: usize, timeout: Duration) -> Vec<OwnedMessage> {
     Cluster::shared().read(topic, n, timeout)
 }
 
-/// Value of header `name` as text.
+/// Value of the (last) header `name` as text.
+///
+/// Read with the crate's own byte-exact header reader: rdkafka's panics on a name that is not
+/// UTF-8.
 pub fn header(m: &OwnedMessage, name: &str) -> Option<String> {
-    use rdkafka::message::Headers;
-    let h = m.headers()?;
-    h.iter()
-        .find(|h| h.key == name)
-        .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+    let list = kafka_redelivery::headers::from_kafka(m.headers());
+    let value = kafka_redelivery::headers::value(&list, name)?;
+    Some(String::from_utf8_lossy(value).into_owned())
 }
 
 /// A tracker running inside the test process.
