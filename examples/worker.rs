@@ -16,7 +16,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Parser;
-use kafka_redelivery::client::{ConsumerConfig, Delivery, RedeliveryConsumer};
+use kafka_redelivery::client::{ConsumerConfig, Delivery, MarkerFormat, RedeliveryConsumer};
 use rand::Rng;
 
 #[derive(Parser)]
@@ -60,9 +60,20 @@ struct Args {
     /// Also print a line when a delivery arrives.
     #[arg(long)]
     log_received: bool,
+    /// Marker format to write: v2 (batched, the default) or v1 (for a tracker older than 0.3).
+    #[arg(long, default_value = "v2", value_parser = marker_format)]
+    marker_format: MarkerFormat,
     /// librdkafka setting passed through as is (repeatable), e.g. for SASL_SSL.
     #[arg(short = 'X', value_name = "KEY=VALUE", value_parser = key_value)]
     rdkafka: Vec<(String, String)>,
+}
+
+fn marker_format(s: &str) -> Result<MarkerFormat, String> {
+    match s {
+        "v1" => Ok(MarkerFormat::V1),
+        "v2" => Ok(MarkerFormat::V2),
+        other => Err(format!("`{other}` is not a marker format (v1 or v2)")),
+    }
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -83,7 +94,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &args.markers_topic,
     )
     .timeout(args.timeout)
-    .max_unsettled(args.max_unsettled);
+    .max_unsettled(args.max_unsettled)
+    .marker_format(args.marker_format);
     for (k, v) in &args.rdkafka {
         config = config.set(k, v);
     }

@@ -36,12 +36,13 @@ async fn acked_records_are_never_redelivered() {
         "an acked record came back"
     );
     assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 0.0);
+    // Version 2: the 20 Starts came in batch Starts, the 20 Ends in Settles.
     assert_eq!(
-        tracker.metric("redelivery_markers_total{type=\"start\"}"),
+        tracker.metric("redelivery_batched_records_total{type=\"start_batch\"}"),
         20.0
     );
     assert_eq!(
-        tracker.metric("redelivery_markers_total{type=\"end\"}"),
+        tracker.metric("redelivery_batched_records_total{type=\"settle\"}"),
         20.0
     );
     tracker.stop().await;
@@ -120,7 +121,8 @@ async fn keep_alive_holds_a_delivery_past_its_timeout() {
     d.ack().await.unwrap();
     assert!(c.recv_timeout(Duration::from_secs(2)).await.is_none());
     assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 0.0);
-    assert!(tracker.metric("redelivery_markers_total{type=\"keep_alive\"}") >= 4.0);
+    // Each keep-alive is its own Settle (they are 300 ms apart), then the ack's.
+    assert!(tracker.metric("redelivery_markers_total{type=\"settle\"}") >= 5.0);
     tracker.stop().await;
 }
 

@@ -1,9 +1,9 @@
-//! The tracker state fed whatever the decoder makes of arbitrary bytes, with time moving
+//! The tracker state fed whatever the decoder makes of arbitrary bytes (versions 1 and 2), with time moving
 //! forward: it must never panic, never hand out a delivery twice for the same attempt, and
 //! never commit past a Start still in flight.
 #![no_main]
 
-use kafka_redelivery::marker::{decode, Marker};
+use kafka_redelivery::marker::{decode, Marker, SourceRef};
 use kafka_redelivery::tracker::state::PartitionState;
 use libfuzzer_sys::fuzz_target;
 
@@ -22,8 +22,17 @@ fuzz_target!(|data: &[u8]| {
         rest = &rest[2 + len..];
         if let Ok(marker) = decode(bytes) {
             state.on_marker(offset, now, &marker);
-            if let Marker::End { source } = &marker {
-                dispatched.remove(source);
+            match &marker {
+                Marker::End { source } => {
+                    dispatched.remove(source);
+                }
+                // Version 2: the same rule for each End a Settle carries.
+                Marker::Settle(s) => {
+                    for o in s.ends.iter() {
+                        dispatched.remove(&SourceRef::new(s.topic.clone(), s.partition, o));
+                    }
+                }
+                _ => {}
             }
         }
         for e in state.expired(now, usize::MAX) {

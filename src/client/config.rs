@@ -40,6 +40,27 @@ pub struct ConsumerConfig {
     pub retry: RetryPolicy,
     /// Extra librdkafka settings, applied last to both the consumer and the markers producer.
     pub rdkafka: Vec<(String, String)>,
+    /// Which marker format to write. Version 2 (the default) needs a tracker that reads it
+    /// (0.3 or later); set version 1 while an older tracker still runs.
+    pub marker_format: MarkerFormat,
+    /// Version 2 only: how long settlements are gathered before their Settle marker is
+    /// written. Each `ack()` waits this long at most, plus the write itself.
+    pub settle_window: Duration,
+    /// Version 2 only: most records one Settle marker names; a partition that reaches it is
+    /// written at once, without waiting for the window.
+    pub max_settle_batch: usize,
+}
+
+/// The marker format a client writes (see `docs/markers.md`). Trackers read both, mixed on one
+/// markers topic; upgrade trackers first, then clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MarkerFormat {
+    /// One Start per record and one marker per settlement.
+    V1,
+    /// One Start per poll batch and source partition; settlements gathered per window.
+    #[default]
+    V2,
 }
 
 impl ConsumerConfig {
@@ -61,7 +82,30 @@ impl ConsumerConfig {
             auto_keep_alive: false,
             retry: RetryPolicy::default(),
             rdkafka: Vec::new(),
+            marker_format: MarkerFormat::default(),
+            settle_window: Duration::from_millis(1),
+            max_settle_batch: 1_000,
         }
+    }
+
+    /// Sets the marker format to write (default [`MarkerFormat::V2`]).
+    pub fn marker_format(mut self, format: MarkerFormat) -> Self {
+        self.marker_format = format;
+        self
+    }
+
+    /// Sets how long settlements are gathered into one marker (version 2; default 1 ms). Zero
+    /// still gathers what arrives while the previous marker is being queued.
+    pub fn settle_window(mut self, window: Duration) -> Self {
+        self.settle_window = window;
+        self
+    }
+
+    /// Sets the most records per Settle marker (version 2; default 1000, at least 1, at most
+    /// [`crate::marker::MAX_BATCH_RECORDS`]).
+    pub fn max_settle_batch(mut self, n: usize) -> Self {
+        self.max_settle_batch = n.clamp(1, crate::marker::MAX_BATCH_RECORDS);
+        self
     }
 
     /// Sets the retry policy every delivery's `nack()` follows.
@@ -118,6 +162,9 @@ impl std::fmt::Debug for ConsumerConfig {
             .field("max_batch", &self.max_batch)
             .field("auto_keep_alive", &self.auto_keep_alive)
             .field("retry", &self.retry)
+            .field("marker_format", &self.marker_format)
+            .field("settle_window", &self.settle_window)
+            .field("max_settle_batch", &self.max_settle_batch)
             .field("rdkafka", &crate::kafka::Redacted(&self.rdkafka))
             .finish()
     }

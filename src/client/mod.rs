@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+mod coalesce;
 mod concurrent;
 mod config;
 mod delivery;
@@ -41,7 +42,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 
-pub use config::ConsumerConfig;
+pub use config::{ConsumerConfig, MarkerFormat};
 pub use delivery::Delivery;
 pub use error::ClientError;
 pub use retry::{Backoff, RetryPolicy};
@@ -50,8 +51,9 @@ pub use scheduler::{CancelOutcome, ScheduleId, Scheduler, SchedulerConfig};
 /// The record a schedule carries; build one with [`ScheduledRecord::to`].
 pub use crate::marker::ScheduledRecord;
 
+use coalesce::Coalescer;
 use poller::Poller;
-use settler::Settler;
+use settler::{MarkerWriter, Settler};
 
 /// A consumer that hands out records as [`Delivery`] handles and guarantees, with a running
 /// tracker, that each record is acked, dead-lettered, or redelivered.
@@ -118,11 +120,19 @@ impl RedeliveryConsumer {
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics).map_err(kafka("subscribing"))?;
 
-        let settler = Arc::new(Settler::new(
-            producer,
-            config.markers_topic.clone(),
-            partitions,
-        ));
+        let writer = MarkerWriter::new(producer, config.markers_topic.clone(), partitions);
+        let coalescer = match config.marker_format {
+            MarkerFormat::V1 => None,
+            _ => Some(
+                Coalescer::start(
+                    config.settle_window,
+                    config.max_settle_batch,
+                    writer.clone(),
+                )
+                .map_err(ClientError::Thread)?,
+            ),
+        };
+        let settler = Arc::new(Settler::new(writer, coalescer));
         let (tx, rx) = mpsc::channel(config.max_unsettled.max(1));
         let auto_keep_alive = config.auto_keep_alive;
         let stop = Arc::new(AtomicBool::new(false));

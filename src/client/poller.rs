@@ -38,9 +38,11 @@ use tokio::sync::mpsc;
 use crate::events::{Event, EventKind};
 use crate::failpoint;
 use crate::headers::{self, checked, HeaderList};
-use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
+use crate::marker::{
+    duration_to_ms_u32, Marker, Offsets, SourceRef, StartBatch, MAX_BATCH_RECORDS,
+};
 
-use super::config::ConsumerConfig;
+use super::config::{ConsumerConfig, MarkerFormat};
 use super::delivery::Delivery;
 use super::retry::RetryPolicy;
 use super::settler::Settler;
@@ -227,28 +229,45 @@ impl Poller {
         }
     }
 
-    /// Step 1 for one batch: queues its Start markers.
+    /// Step 1 for one batch: queues its Start markers, one per record (version 1) or one per
+    /// source partition (version 2).
     fn start(&self, batch: Vec<Polled>) -> InFlight {
         failpoint::hit("after-poll");
-        let futures: Vec<_> = batch
-            .iter()
-            .map(|p| {
-                let marker = Marker::Start {
-                    source: p.source.clone(),
-                    timeout_ms: duration_to_ms_u32(p.timeout),
-                    attempt: p.attempt,
-                };
+        let markers = match self.config.marker_format {
+            MarkerFormat::V1 => batch
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (vec![i], start_v1(p)))
+                .collect(),
+            _ => start_batches(&batch, self.config.default_timeout),
+        };
+        let futures: Vec<_> = markers
+            .into_iter()
+            .map(|(records, marker)| {
                 // A failpoint can make a Start fail as the broker would: never written.
-                (!failpoint::fails("start")).then(|| self.settler.send(&marker))
+                let sent = (!failpoint::fails("start")).then(|| self.settler.send(&marker));
+                (records, sent)
             })
             .collect();
         failpoint::hit("after-start-sent");
-        let starts = join_all(futures.into_iter().map(|f| async move {
-            match f {
-                Some(Ok(f)) => matches!(f.await, Ok(Ok(_))),
-                Some(Err(_)) | None => false,
+        let count = batch.len();
+        let starts = async move {
+            let mut durable = vec![false; count];
+            let answers = join_all(futures.into_iter().map(|(records, sent)| async move {
+                let ok = match sent {
+                    Some(Ok(f)) => matches!(f.await, Ok(Ok(_))),
+                    Some(Err(_)) | None => false,
+                };
+                (records, ok)
+            }))
+            .await;
+            for (records, ok) in answers {
+                for i in records {
+                    durable[i] = ok;
+                }
             }
-        }));
+            durable
+        };
         InFlight {
             batch,
             starts: Box::pin(starts),
@@ -407,6 +426,61 @@ impl Poller {
 }
 
 /// Whether `m` lies in a partition range that was rewound after this batch was polled.
+fn start_v1(p: &Polled) -> Marker {
+    Marker::Start {
+        source: p.source.clone(),
+        timeout_ms: duration_to_ms_u32(p.timeout),
+        attempt: p.attempt,
+    }
+}
+
+/// Version 2 Starts for a poll batch: one per source partition (split at
+/// [`MAX_BATCH_RECORDS`]), each with the positions in `batch` of the records it covers. The
+/// default timeout is the consumer's; records with their own timeout or attempt are listed.
+fn start_batches(batch: &[Polled], default: Duration) -> Vec<(Vec<usize>, Marker)> {
+    let timeout_ms = duration_to_ms_u32(default);
+    let mut groups: Vec<(Vec<usize>, StartBatch)> = Vec::new();
+    for (i, p) in batch.iter().enumerate() {
+        let s = &p.source;
+        // A partition's records come in offset order; one that does not (a seek back between
+        // polls) goes into a marker of its own.
+        let open = groups.iter().rposition(|(records, b)| {
+            b.partition == s.partition
+                && b.topic == s.topic
+                && records.len() < MAX_BATCH_RECORDS
+                && b.offsets.last().is_some_and(|last| last < s.offset)
+        });
+        let g = open.unwrap_or_else(|| {
+            groups.push((
+                Vec::new(),
+                StartBatch {
+                    topic: s.topic.clone(),
+                    partition: s.partition,
+                    timeout_ms,
+                    offsets: Offsets::new(),
+                    attempts: Vec::new(),
+                    timeouts: Vec::new(),
+                },
+            ));
+            groups.len() - 1
+        });
+        let (records, b) = &mut groups[g];
+        b.offsets.push(s.offset);
+        if p.attempt != 1 {
+            b.attempts.push((s.offset, p.attempt));
+        }
+        let own = duration_to_ms_u32(p.timeout);
+        if own != timeout_ms {
+            b.timeouts.push((s.offset, own));
+        }
+        records.push(i);
+    }
+    groups
+        .into_iter()
+        .map(|(records, b)| (records, Marker::StartBatch(Box::new(b))))
+        .collect()
+}
+
 fn is_rewound(rewound: &[(String, i32, i64)], s: &SourceRef) -> bool {
     rewound
         .iter()
@@ -467,6 +541,49 @@ mod tests {
             .iter()
             .map(|p| (p.source.topic.clone(), p.source.partition, p.source.offset))
             .collect()
+    }
+
+    #[test]
+    fn a_poll_batch_gives_one_start_per_source_partition_with_its_exceptions() {
+        let mut batch = vec![
+            polled("a", 0, 10),
+            polled("a", 1, 5),
+            polled("a", 0, 11),
+            polled("a", 0, 13),
+            polled("a", 0, 3), // a seek back between polls: a marker of its own
+        ];
+        batch[2].attempt = 3;
+        batch[3].timeout = Duration::from_secs(9);
+        let starts = start_batches(&batch, Duration::from_secs(1));
+        let got: Vec<_> = starts
+            .iter()
+            .map(|(records, m)| match m {
+                Marker::StartBatch(b) => (
+                    records.clone(),
+                    b.partition,
+                    b.offsets.iter().collect::<Vec<_>>(),
+                    b.attempts.clone(),
+                    b.timeouts.clone(),
+                    b.timeout_ms,
+                ),
+                other => panic!("not a batch Start: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    vec![0, 2, 3],
+                    0,
+                    vec![10, 11, 13],
+                    vec![(11, 3)],
+                    vec![(13, 9000)],
+                    1000
+                ),
+                (vec![1], 1, vec![5], vec![], vec![], 1000),
+                (vec![4], 0, vec![3], vec![], vec![], 1000),
+            ]
+        );
     }
 
     #[test]

@@ -1,23 +1,83 @@
 //! Writes markers for the client: shared by the poll thread (Starts) and every delivery handle
-//! (KeepAlive, End, Nack, Reject).
+//! (KeepAlive, End, Nack, Reject). In format version 2 the settlements go through the
+//! [`Coalescer`], which gathers them into one Settle marker per source partition and window.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
 use crate::events::EventBus;
 use crate::marker::{encode, markers_partition, Marker, SourceRef};
 
+use super::coalesce::{Coalescer, Op, Written};
 use super::error::ClientError;
 
-/// The markers producer and the count of unsettled deliveries.
-pub(crate) struct Settler {
+/// Writes markers to the markers partition of their source partition.
+#[derive(Clone)]
+pub(crate) struct MarkerWriter {
     producer: FutureProducer,
     markers_topic: String,
     markers_partitions: i32,
+}
+
+impl MarkerWriter {
+    pub(crate) fn new(producer: FutureProducer, markers_topic: String, partitions: i32) -> Self {
+        MarkerWriter {
+            producer,
+            markers_topic,
+            markers_partitions: partitions,
+        }
+    }
+
+    /// Queues a marker without waiting; the future resolves when it is durable.
+    pub(crate) fn send(&self, marker: &Marker) -> Result<DeliveryFuture, KafkaError> {
+        let payload = encode(marker);
+        let partition = marker.source_partition().map_or(0, |(topic, partition)| {
+            markers_partition(topic, partition, self.markers_partitions)
+        });
+        loop {
+            let record = FutureRecord::<(), _>::to(&self.markers_topic)
+                .partition(partition)
+                .payload(&payload);
+            match self.producer.send_result(record) {
+                Ok(f) => return Ok(f),
+                Err((e, _)) if is_queue_full(&e) => {
+                    // librdkafka's queue is full: let it drain. Bounded by the delivery timeout.
+                    self.producer
+                        .poll(Timeout::After(Duration::from_millis(10)));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// Queues a marker; the result, shareable among waiters, resolves when it is durable.
+    pub(crate) fn write(&self, marker: &Marker) -> Written {
+        match self.send(marker) {
+            Ok(future) => future
+                .map(|r| match r {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err((e, _))) => Err(e),
+                    Err(_) => Err(KafkaError::Canceled),
+                })
+                .boxed()
+                .shared(),
+            Err(e) => futures::future::ready(Err(e)).boxed().shared(),
+        }
+    }
+}
+
+/// The markers writer and the count of unsettled deliveries.
+pub(crate) struct Settler {
+    writer: MarkerWriter,
+    /// Gathers settlements into version 2 markers; `None` writes one version 1 marker each.
+    coalescer: Option<Coalescer>,
     unsettled: AtomicUsize,
     /// Signalled when a delivery settles, for a poll thread waiting for room.
     room: (Mutex<()>, Condvar),
@@ -29,15 +89,10 @@ pub(crate) struct Settler {
 }
 
 impl Settler {
-    pub(crate) fn new(
-        producer: FutureProducer,
-        markers_topic: String,
-        markers_partitions: i32,
-    ) -> Self {
+    pub(crate) fn new(writer: MarkerWriter, coalescer: Option<Coalescer>) -> Self {
         Settler {
-            producer,
-            markers_topic,
-            markers_partitions,
+            writer,
+            coalescer,
             unsettled: AtomicUsize::new(0),
             room: (Mutex::new(()), Condvar::new()),
             events: EventBus::default(),
@@ -78,72 +133,65 @@ impl Settler {
         self.odd_headers.load(Ordering::Relaxed)
     }
 
-    /// Queues a marker without waiting; the future resolves when it is durable.
-    pub(crate) fn send(
-        &self,
-        marker: &Marker,
-    ) -> Result<DeliveryFuture, rdkafka::error::KafkaError> {
-        let payload = encode(marker);
-        let partition = marker.source().map_or(0, |s| {
-            markers_partition(&s.topic, s.partition, self.markers_partitions)
-        });
-        loop {
-            let record = FutureRecord::<(), _>::to(&self.markers_topic)
-                .partition(partition)
-                .payload(&payload);
-            match self.producer.send_result(record) {
-                Ok(f) => return Ok(f),
-                Err((e, _)) if is_queue_full(&e) => {
-                    // librdkafka's queue is full: let it drain. Bounded by the delivery timeout.
-                    self.producer
-                        .poll(Timeout::After(Duration::from_millis(10)));
+    /// Queues a marker without waiting (a Start: never coalesced); the future resolves when
+    /// it is durable.
+    pub(crate) fn send(&self, marker: &Marker) -> Result<DeliveryFuture, KafkaError> {
+        self.writer.send(marker)
+    }
+
+    /// Queues a marker, or in version 2 gathers the settlement it stands for, and returns
+    /// the write to wait for.
+    fn queue(&self, marker: &Marker) -> BoxFuture<'static, Result<(), KafkaError>> {
+        match (&self.coalescer, Op::of(marker)) {
+            (Some(coalescer), Some((source, op))) => {
+                let gathered = coalescer.add(source, op);
+                async move {
+                    match gathered.await {
+                        Ok(written) => written.await,
+                        Err(_) => Err(KafkaError::Canceled),
+                    }
                 }
-                Err((e, _)) => return Err(e),
+                .boxed()
+            }
+            _ => {
+                let written = self.writer.write(marker);
+                if matches!(marker, Marker::End { .. }) {
+                    crate::failpoint::hit("after-end-sent");
+                }
+                written.boxed()
             }
         }
     }
 
-    /// Writes a marker and waits until it is durable.
+    /// Writes a marker (in version 2, the settlement it stands for) and waits until it is
+    /// durable.
     pub(crate) async fn write(
         &self,
         marker: &Marker,
         name: &'static str,
     ) -> Result<(), ClientError> {
-        let error = |error| ClientError::Marker {
-            marker: name,
-            record: marker
-                .source()
-                .cloned()
-                .unwrap_or_else(|| SourceRef::new("", 0, 0)),
-            error,
-        };
-        let future = self.send(marker).map_err(error)?;
-        if name == "end" {
-            crate::failpoint::hit("after-end-sent");
-        }
-        match future.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(error(e)),
-            Err(_) => Err(error(rdkafka::error::KafkaError::Canceled)),
-        }
+        self.queue(marker)
+            .await
+            .map_err(|error| ClientError::Marker {
+                marker: name,
+                record: marker
+                    .source()
+                    .cloned()
+                    .unwrap_or_else(|| SourceRef::new("", 0, 0)),
+                error,
+            })
     }
 
     /// Writes a marker without waiting, logging a failure. Used where nobody can wait (a
     /// handle dropped unsettled); if it fails, the delivery still times out and is redelivered.
     pub(crate) fn write_detached(&self, marker: Marker) {
-        match self.send(&marker) {
-            Ok(future) => {
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move {
-                        if let Ok(Err((e, _))) = future.await {
-                            tracing::warn!(error = %e, ?marker, "release marker failed; the delivery will time out instead");
-                        }
-                    });
+        let written = self.queue(&marker);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if let Err(e) = written.await {
+                    tracing::warn!(error = %e, ?marker, "release marker failed; the delivery will time out instead");
                 }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, ?marker, "release marker failed; the delivery will time out instead")
-            }
+            });
         }
     }
 

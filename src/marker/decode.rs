@@ -1,6 +1,6 @@
 //! Bytes to marker. Total: any input gives a marker or a typed error.
 
-use super::{Marker, MarkerType, ScheduledRecord, SourceRef, VERSION};
+use super::{Marker, MarkerType, ScheduledRecord, SourceRef, VERSION, VERSION_2};
 
 /// Why a byte string is not a marker this version understands.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,12 +69,14 @@ impl DecodeError {
 pub fn decode(bytes: &[u8]) -> Result<Marker, DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
     let version = r.u8("version").map_err(|_| DecodeError::Empty)?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_2 {
         return Err(DecodeError::UnknownVersion(version));
     }
     let type_byte = r.u8("type")?;
-    let kind = MarkerType::from_byte(type_byte).ok_or(DecodeError::UnknownType(type_byte))?;
+    let kind =
+        MarkerType::from_wire(version, type_byte).ok_or(DecodeError::UnknownType(type_byte))?;
     let marker = match kind {
+        MarkerType::StartBatch | MarkerType::Settle => super::decode_v2::fields(&mut r, kind)?,
         MarkerType::Start => {
             let source = r.source()?;
             let timeout_ms = r.u32("timeout_ms")?;
@@ -124,7 +126,7 @@ pub fn decode(bytes: &[u8]) -> Result<Marker, DecodeError> {
     }
 }
 
-fn invalid(field: &'static str, value: impl ToString) -> DecodeError {
+pub(super) fn invalid(field: &'static str, value: impl ToString) -> DecodeError {
     DecodeError::InvalidValue {
         field,
         value: value.to_string(),

@@ -1,6 +1,6 @@
 //! Marker to bytes. See `docs/markers.md` for the layout.
 
-use super::{Marker, ScheduledRecord, SourceRef, MAX_REASON_BYTES, VERSION};
+use super::{Marker, Offsets, ScheduledRecord, Settle, SourceRef, StartBatch, MAX_REASON_BYTES};
 
 /// Encodes a marker into its wire form.
 ///
@@ -17,9 +17,12 @@ pub fn encode(marker: &Marker) -> Vec<u8> {
         Marker::Schedule { record, .. } => 64 + record.payload.as_ref().map_or(0, Vec::len),
         _ => 32,
     });
-    out.push(VERSION);
-    out.push(marker.marker_type() as u8);
+    let (version, type_byte) = marker.marker_type().wire();
+    out.push(version);
+    out.push(type_byte);
     match marker {
+        Marker::StartBatch(b) => put_start_batch(&mut out, b),
+        Marker::Settle(s) => put_settle(&mut out, s),
         Marker::Start {
             source,
             timeout_ms,
@@ -54,6 +57,81 @@ pub fn encode(marker: &Marker) -> Vec<u8> {
         Marker::Tick { nonce } => out.extend_from_slice(&nonce.to_be_bytes()),
     }
     out
+}
+
+/// Version 2 Start. Writers keep a batch within [`super::MAX_BATCH_RECORDS`] records (the client
+/// splits larger ones); exceptions must name offsets of the batch, ascending.
+fn put_start_batch(out: &mut Vec<u8>, b: &StartBatch) {
+    put_str(out, truncate(&b.topic, u16::MAX as usize));
+    out.extend_from_slice(&b.partition.to_be_bytes());
+    out.extend_from_slice(&b.timeout_ms.to_be_bytes());
+    put_offsets(out, &b.offsets);
+    let first = b.offsets.runs().first().map_or(0, |r| r.0);
+    for list in [&b.attempts, &b.timeouts] {
+        let mut list = canonical(list);
+        list.retain(|(offset, _)| b.offsets.contains(*offset));
+        put_varint(out, list.len() as u64);
+        let mut at = first;
+        for (offset, value) in list {
+            put_varint(out, offset.saturating_sub(at).max(0) as u64);
+            put_varint(out, u64::from(value));
+            at = offset;
+        }
+    }
+}
+
+/// Version 2 settlement: keep-alives, nacks, rejects, ends, each an offset set followed by
+/// one value per offset (none for ends).
+fn put_settle(out: &mut Vec<u8>, s: &Settle) {
+    put_str(out, truncate(&s.topic, u16::MAX as usize));
+    out.extend_from_slice(&s.partition.to_be_bytes());
+    let keep_alives = canonical(&s.keep_alives);
+    put_offsets(out, &Offsets::collect(keep_alives.iter().map(|e| e.0)));
+    for (_, timeout) in keep_alives {
+        put_varint(out, u64::from(timeout));
+    }
+    let nacks = canonical(&s.nacks);
+    put_offsets(out, &Offsets::collect(nacks.iter().map(|e| e.0)));
+    for (_, delay) in nacks {
+        put_varint(out, delay);
+    }
+    let rejects = canonical(&s.rejects);
+    put_offsets(out, &Offsets::collect(rejects.iter().map(|e| e.0)));
+    for (_, reason) in &rejects {
+        put_str(out, truncate(reason, MAX_REASON_BYTES));
+    }
+    put_offsets(out, &s.ends);
+}
+
+/// `(offset, value)` entries ascending by offset, one per offset (the last one given wins, as
+/// the later of two version 1 markers would), negative offsets dropped.
+fn canonical<T: Clone>(list: &[(i64, T)]) -> Vec<(i64, T)> {
+    let mut out: Vec<(i64, T)> = list.iter().filter(|e| e.0 >= 0).cloned().collect();
+    out.reverse();
+    out.sort_by_key(|e| e.0); // stable: the last given comes first among equals
+    out.dedup_by_key(|e| e.0);
+    out
+}
+
+/// The number of runs, then per run the offsets skipped since the previous run's end (since
+/// offset 0 for the first run) and the run's length.
+fn put_offsets(out: &mut Vec<u8>, offsets: &Offsets) {
+    put_varint(out, offsets.runs().len() as u64);
+    let mut next = 0i64;
+    for &(first, count) in offsets.runs() {
+        put_varint(out, (first - next) as u64);
+        put_varint(out, count);
+        next = first + count as i64;
+    }
+}
+
+/// Unsigned LEB128: seven bits per byte, least significant first, high bit = more follows.
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8 & 0x7f) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
 }
 
 fn put_source(out: &mut Vec<u8>, source: &SourceRef) {

@@ -8,19 +8,27 @@
 //! panic. An unknown version or type is an error the tracker counts and skips, which is how
 //! older trackers survive markers from newer clients.
 
+mod batch;
 mod decode;
+mod decode_v2;
 mod encode;
 mod partition;
 
+pub use batch::{Offsets, Settle, StartBatch, MAX_BATCH_RECORDS};
 pub(crate) use decode::Reader;
 pub use decode::{decode, DecodeError};
 pub use encode::encode;
 pub(crate) use encode::put_str;
 pub use partition::markers_partition;
 
-/// The only version this crate writes. A decoder that meets another version reports
-/// [`DecodeError::UnknownVersion`].
+/// Format version 1: one marker per record (`docs/markers.md`). Schedules and Ticks are always
+/// written in this version.
 pub const VERSION: u8 = 1;
+
+/// Format version 2: one marker per poll batch and per window of settlements of one source
+/// partition ([`Marker::StartBatch`], [`Marker::Settle`]). The decoder reads both versions,
+/// mixed; any other version is [`DecodeError::UnknownVersion`].
+pub const VERSION_2: u8 = 2;
 
 /// Longest reject reason kept on the wire, in bytes. Longer reasons are cut at a character
 /// boundary when encoded, so a marker can never grow past what a markers topic accepts.
@@ -118,6 +126,10 @@ pub enum Marker {
         /// Random value chosen by the writing tracker.
         nonce: u64,
     },
+    /// Version 2: deliveries of many records of one source partition began (one per poll batch).
+    StartBatch(Box<StartBatch>),
+    /// Version 2: many records of one source partition settled or kept alive.
+    Settle(Box<Settle>),
 }
 
 /// The record a [`Marker::Schedule`] carries: everything needed to produce it when due.
@@ -135,9 +147,9 @@ pub struct ScheduledRecord {
     pub headers: crate::headers::HeaderList,
 }
 
-/// The type byte of each marker, as written on the wire.
+/// The kind of each marker. [`MarkerType::wire`] gives its version and type bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
+#[non_exhaustive]
 pub enum MarkerType {
     /// [`Marker::Start`]
     Start = 0x01,
@@ -153,21 +165,37 @@ pub enum MarkerType {
     Schedule = 0x06,
     /// [`Marker::Tick`]
     Tick = 0x10,
+    /// [`Marker::StartBatch`] (version 2, type `0x01`)
+    StartBatch = 0x81,
+    /// [`Marker::Settle`] (version 2, type `0x02`)
+    Settle = 0x82,
 }
 
 impl MarkerType {
-    /// The type for a wire byte, if it is one this version knows.
-    pub fn from_byte(byte: u8) -> Option<Self> {
-        Some(match byte {
-            0x01 => MarkerType::Start,
-            0x02 => MarkerType::KeepAlive,
-            0x03 => MarkerType::End,
-            0x04 => MarkerType::Nack,
-            0x05 => MarkerType::Reject,
-            0x06 => MarkerType::Schedule,
-            0x10 => MarkerType::Tick,
+    /// The type for a version and type byte, if this build knows it. `None` when the version
+    /// is known but the type is not.
+    pub fn from_wire(version: u8, byte: u8) -> Option<Self> {
+        Some(match (version, byte) {
+            (VERSION, 0x01) => MarkerType::Start,
+            (VERSION, 0x02) => MarkerType::KeepAlive,
+            (VERSION, 0x03) => MarkerType::End,
+            (VERSION, 0x04) => MarkerType::Nack,
+            (VERSION, 0x05) => MarkerType::Reject,
+            (VERSION, 0x06) => MarkerType::Schedule,
+            (VERSION, 0x10) => MarkerType::Tick,
+            (VERSION_2, 0x01) => MarkerType::StartBatch,
+            (VERSION_2, 0x02) => MarkerType::Settle,
             _ => return None,
         })
+    }
+
+    /// The version and type bytes that begin a marker of this kind.
+    pub fn wire(self) -> (u8, u8) {
+        match self {
+            MarkerType::StartBatch => (VERSION_2, 0x01),
+            MarkerType::Settle => (VERSION_2, 0x02),
+            v1 => (VERSION, v1 as u8),
+        }
     }
 
     /// Lower-case name, used as a metric label and in logs.
@@ -180,6 +208,8 @@ impl MarkerType {
             MarkerType::Reject => "reject",
             MarkerType::Schedule => "schedule",
             MarkerType::Tick => "tick",
+            MarkerType::StartBatch => "start_batch",
+            MarkerType::Settle => "settle",
         }
     }
 }
@@ -195,11 +225,14 @@ impl Marker {
             Marker::Reject { .. } => MarkerType::Reject,
             Marker::Schedule { .. } => MarkerType::Schedule,
             Marker::Tick { .. } => MarkerType::Tick,
+            Marker::StartBatch(_) => MarkerType::StartBatch,
+            Marker::Settle(_) => MarkerType::Settle,
         }
     }
 
-    /// The record this marker is about; `None` for a `Tick`, and for a `Schedule`, which is
-    /// about itself.
+    /// The record this marker is about; `None` for a `Tick`, for a `Schedule`, which is
+    /// about itself, and for the version 2 markers, which are about many records (see
+    /// [`Marker::source_partition`]).
     pub fn source(&self) -> Option<&SourceRef> {
         match self {
             Marker::Start { source, .. }
@@ -207,7 +240,20 @@ impl Marker {
             | Marker::End { source }
             | Marker::Nack { source, .. }
             | Marker::Reject { source, .. } => Some(source),
-            Marker::Schedule { .. } | Marker::Tick { .. } => None,
+            Marker::Schedule { .. }
+            | Marker::Tick { .. }
+            | Marker::StartBatch(_)
+            | Marker::Settle(_) => None,
+        }
+    }
+
+    /// The source (topic, partition) this marker is about, whichever its version; `None` for
+    /// a `Tick` and a `Schedule`. This is what picks its markers partition.
+    pub fn source_partition(&self) -> Option<(&str, i32)> {
+        match self {
+            Marker::StartBatch(b) => Some((&b.topic, b.partition)),
+            Marker::Settle(s) => Some((&s.topic, s.partition)),
+            other => other.source().map(|s| (s.topic.as_str(), s.partition)),
         }
     }
 }

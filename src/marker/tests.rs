@@ -91,10 +91,37 @@ fn documented_vectors() {
             },
         ),
     ];
-    for (name, marker) in cases {
+    for (name, marker) in cases.into_iter().chain(documented_v2()) {
         assert_eq!(encode(&marker), vector(name), "encoding of `{name}`");
         assert_eq!(decode(&vector(name)), Ok(marker), "decoding of `{name}`");
     }
+}
+
+fn documented_v2() -> [(&'static str, Marker); 2] {
+    [
+        (
+            "start-batch",
+            Marker::StartBatch(Box::new(StartBatch {
+                topic: "orders".into(),
+                partition: 3,
+                timeout_ms: 30_000,
+                offsets: Offsets::collect([42, 43, 44, 50]),
+                attempts: vec![(50, 2)],
+                timeouts: vec![(43, 60_000)],
+            })),
+        ),
+        (
+            "settle",
+            Marker::Settle(Box::new(Settle {
+                topic: "orders".into(),
+                partition: 3,
+                keep_alives: vec![(45, 60_000)],
+                nacks: vec![(46, 5_000)],
+                rejects: vec![(47, "bad".into())],
+                ends: Offsets::collect([42, 43, 44]),
+            })),
+        ),
+    ]
 }
 
 #[test]
@@ -106,6 +133,16 @@ fn documented_rejections() {
         ("zero-attempt", "invalid_value"),
         ("trailing", "trailing_bytes"),
         ("bad-target-partition", "invalid_value"),
+        ("v2-bad-type", "unknown_type"),
+        ("v2-cut-start", "truncated"),
+        ("v2-start-without-offsets", "invalid_value"),
+        ("v2-exception-outside-batch", "invalid_value"),
+        ("v2-attempt-one", "invalid_value"),
+        ("v2-runs-touch", "invalid_value"),
+        ("v2-long-varint", "invalid_value"),
+        ("v2-too-many-records", "invalid_value"),
+        ("v2-empty-settle", "invalid_value"),
+        ("v2-trailing", "trailing_bytes"),
     ] {
         let err = decode(&vector(name)).expect_err(name);
         assert_eq!(err.kind(), kind, "vector `{name}`: {err}");
@@ -164,8 +201,96 @@ fn record_strategy() -> impl Strategy<Value = ScheduledRecord> {
         )
 }
 
+fn offsets_strategy(min: usize) -> impl Strategy<Value = Offsets> {
+    (
+        0..i64::MAX / 2,
+        proptest::collection::vec((0u64..1_000, 1u64..50), min..6),
+    )
+        .prop_map(|(base, gaps)| {
+            let mut set = Offsets::new();
+            let mut at = base;
+            for (gap, len) in gaps {
+                at += gap as i64 + 1;
+                for i in 0..len as i64 {
+                    set.push(at + i);
+                }
+                at += len as i64;
+            }
+            set
+        })
+}
+
+/// Values for a subset of `offsets`, ascending: what exception and settlement lists hold.
+fn per_offset<T: std::fmt::Debug + Clone>(
+    offsets: Offsets,
+    value: impl Strategy<Value = T>,
+) -> impl Strategy<Value = Vec<(i64, T)>> {
+    let all: Vec<i64> = offsets.iter().collect();
+    let n = all.len();
+    proptest::collection::vec((any::<bool>(), value), n).prop_map(move |picks| {
+        all.iter()
+            .zip(picks)
+            .filter(|(_, (keep, _))| *keep)
+            .map(|(o, (_, v))| (*o, v))
+            .collect()
+    })
+}
+
+fn start_batch_strategy() -> impl Strategy<Value = Marker> {
+    (
+        "[a-zA-Z0-9._-]{1,249}",
+        0..i32::MAX,
+        any::<u32>(),
+        offsets_strategy(1),
+    )
+        .prop_flat_map(|(topic, partition, timeout_ms, offsets)| {
+            (
+                per_offset(offsets.clone(), 2..=8191u32),
+                per_offset(offsets.clone(), any::<u32>()),
+            )
+                .prop_map(move |(attempts, timeouts)| {
+                    Marker::StartBatch(Box::new(StartBatch {
+                        topic: topic.clone(),
+                        partition,
+                        timeout_ms,
+                        offsets: offsets.clone(),
+                        attempts,
+                        timeouts,
+                    }))
+                })
+        })
+}
+
+fn settle_strategy() -> impl Strategy<Value = Marker> {
+    (
+        "[a-zA-Z0-9._-]{1,249}",
+        0..i32::MAX,
+        offsets_strategy(0),
+        offsets_strategy(1),
+    )
+        .prop_flat_map(|(topic, partition, others, ends)| {
+            (
+                per_offset(others.clone(), any::<u32>()),
+                per_offset(others.clone(), any::<u64>()),
+                per_offset(others, ".{0,20}"),
+            )
+                .prop_map(move |(keep_alives, nacks, rejects)| {
+                    Marker::Settle(Box::new(Settle {
+                        topic: topic.clone(),
+                        partition,
+                        keep_alives,
+                        nacks,
+                        rejects,
+                        ends: ends.clone(),
+                    }))
+                })
+        })
+}
+
 fn marker_strategy() -> impl Strategy<Value = Marker> {
     prop_oneof![
+        start_batch_strategy(),
+        settle_strategy(),
         (source_strategy(), any::<u32>(), 1..u32::MAX).prop_map(|(source, timeout_ms, attempt)| {
             Marker::Start {
                 source,
@@ -195,6 +320,14 @@ proptest! {
     #[test]
     fn round_trip(marker in marker_strategy()) {
         prop_assert_eq!(decode(&encode(&marker)), Ok(marker));
+    }
+
+    #[test]
+    fn varints_round_trip_in_their_shortest_form(value in any::<u64>()) {
+        let mut out = Vec::new();
+        encode::put_varint(&mut out, value);
+        prop_assert_eq!(out.len(), (64 - value.leading_zeros() as usize).div_ceil(7).max(1));
+        prop_assert_eq!(Reader::new(&out).varint("v"), Ok(value));
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub struct Metrics {
     /// Per-record problems are logged once per kind per interval.
     log_limit: std::sync::Arc<crate::log_limit::LogLimit>,
     markers: IntCounterVec,
+    batched_records: IntCounterVec,
     marker_errors: IntCounterVec,
     odd_markers: IntCounterVec,
     clock_jumps: IntCounterVec,
@@ -151,6 +152,12 @@ impl Metrics {
                 &r,
                 "redelivery_markers_total",
                 "Markers read, by type",
+                &["type"],
+            ),
+            batched_records: counter(
+                &r,
+                "redelivery_batched_records_total",
+                "Records named by version 2 markers (batch Starts and Settles), by marker type",
                 &["type"],
             ),
             marker_errors: counter(
@@ -288,6 +295,13 @@ impl Metrics {
     /// A marker was read and decoded.
     pub fn marker(&self, kind: MarkerType) {
         self.markers.with_label_values(&[kind.name()]).inc();
+    }
+
+    /// A version 2 marker named `records` records.
+    pub fn batched_records(&self, kind: MarkerType, records: u64) {
+        self.batched_records
+            .with_label_values(&[kind.name()])
+            .inc_by(records);
     }
 
     /// A Schedule marker was read and is now tracked until it is due.

@@ -233,6 +233,22 @@ pub async fn consumer_of(
         .await
 }
 
+/// Like [`consumer_of`], writing marker format version 1 (one marker per record and
+/// settlement), for tests whose subject is the tracker's handling of many markers.
+pub async fn consumer_v1_of(
+    source: &str,
+    markers: &str,
+    group: &str,
+    timeout: Duration,
+) -> kafka_redelivery::client::RedeliveryConsumer {
+    let config = kafka_redelivery::client::ConsumerConfig::new(brokers(), group, [source], markers)
+        .timeout(timeout)
+        .marker_format(kafka_redelivery::client::MarkerFormat::V1);
+    kafka_redelivery::client::RedeliveryConsumer::new(config)
+        .await
+        .expect("consumer created")
+}
+
 /// A tracker config for tests: fast commits, the given max deliveries.
 pub fn tracker_config(t: &Topics, max_deliveries: u32) -> TrackerConfig {
     Cluster::shared().tracker_config(t, max_deliveries)

@@ -165,6 +165,8 @@ pub enum Applied {
     Cancelled,
     /// A clock probe with this nonce.
     Tick(u64),
+    /// A version 2 marker: [`PartitionState::on_batch`] reports each record's outcome.
+    Batch,
     /// The marker made no sense here and was skipped.
     Odd(Oddity),
 }
@@ -269,28 +271,25 @@ impl PartitionState {
                 attempt,
             } => {
                 let deadline = timestamp_ms.saturating_add(i64::from(*timeout_ms));
-                self.start(offset, timestamp_ms, source, deadline, *attempt)
+                let key = self.intern(source);
+                self.start(offset, timestamp_ms, key, deadline, *attempt)
             }
             Marker::KeepAlive { source, timeout_ms } => {
-                let deadline = timestamp_ms.saturating_add(i64::from(*timeout_ms));
-                self.reschedule(source, deadline, Phase::Waiting, Applied::KeptAlive)
+                let key = self.key(source);
+                self.keep_alive(key, timestamp_ms, *timeout_ms)
             }
             Marker::Nack { source, delay_ms } => {
-                let delay = i64::try_from(*delay_ms).unwrap_or(i64::MAX);
-                let due = timestamp_ms.saturating_add(delay);
-                self.reschedule(source, due, Phase::Nacked, Applied::Nacked)
+                let key = self.key(source);
+                self.nack(key, timestamp_ms, *delay_ms)
             }
             Marker::Reject { source, reason } => {
-                let applied =
-                    self.reschedule(source, timestamp_ms, Phase::Rejected, Applied::Rejected);
-                if applied == Applied::Rejected {
-                    if let Some(key) = self.key(source) {
-                        self.reject_reasons.insert(key, reason.clone());
-                    }
-                }
-                applied
+                let key = self.key(source);
+                self.reject(key, timestamp_ms, reason)
             }
-            Marker::End { source } => self.end(source),
+            Marker::End { source } => {
+                let key = self.key(source);
+                self.end(key)
+            }
             Marker::Schedule {
                 not_before_ms,
                 delay_ms,
@@ -300,19 +299,85 @@ impl PartitionState {
                 let due = timestamp_ms.saturating_add(delay).max(*not_before_ms);
                 self.schedule(offset, timestamp_ms, due)
             }
+            Marker::StartBatch(_) | Marker::Settle(_) => {
+                self.on_batch(offset, timestamp_ms, marker, |_, _| {});
+                Applied::Batch
+            }
             Marker::Tick { nonce } => Applied::Tick(*nonce),
         }
     }
 
-    fn start(
+    /// Applies a version 2 marker read at `offset` with timestamp `timestamp_ms`: exactly what
+    /// the version 1 markers it stands for would do, in the order `docs/markers.md` gives.
+    /// `each` gets every record's outcome with its source offset. Anything else is ignored.
+    pub fn on_batch(
         &mut self,
         offset: i64,
-        ts: i64,
-        source: &SourceRef,
-        deadline: i64,
-        attempt: u32,
-    ) -> Applied {
-        let key = self.intern(source);
+        timestamp_ms: i64,
+        marker: &Marker,
+        mut each: impl FnMut(Applied, i64),
+    ) {
+        match marker {
+            Marker::StartBatch(b) => {
+                let topic = self.topics.intern(&b.topic);
+                for (source_offset, timeout_ms, attempt) in b.records() {
+                    let key = Key {
+                        topic,
+                        partition: b.partition,
+                        offset: source_offset,
+                    };
+                    let deadline = timestamp_ms.saturating_add(i64::from(timeout_ms));
+                    each(
+                        self.start(offset, timestamp_ms, key, deadline, attempt),
+                        source_offset,
+                    );
+                }
+            }
+            Marker::Settle(s) => {
+                let topic = self.topics.get(&s.topic);
+                let key = |offset| {
+                    topic.map(|topic| Key {
+                        topic,
+                        partition: s.partition,
+                        offset,
+                    })
+                };
+                for &(o, timeout_ms) in &s.keep_alives {
+                    each(self.keep_alive(key(o), timestamp_ms, timeout_ms), o);
+                }
+                for &(o, delay_ms) in &s.nacks {
+                    each(self.nack(key(o), timestamp_ms, delay_ms), o);
+                }
+                for (o, reason) in &s.rejects {
+                    each(self.reject(key(*o), timestamp_ms, reason), *o);
+                }
+                for o in s.ends.iter() {
+                    each(self.end(key(o)), o);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn keep_alive(&mut self, key: Option<Key>, ts: i64, timeout_ms: u32) -> Applied {
+        let deadline = ts.saturating_add(i64::from(timeout_ms));
+        self.reschedule(key, deadline, Phase::Waiting, Applied::KeptAlive)
+    }
+
+    fn nack(&mut self, key: Option<Key>, ts: i64, delay_ms: u64) -> Applied {
+        let due = ts.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+        self.reschedule(key, due, Phase::Nacked, Applied::Nacked)
+    }
+
+    fn reject(&mut self, key: Option<Key>, ts: i64, reason: &str) -> Applied {
+        let applied = self.reschedule(key, ts, Phase::Rejected, Applied::Rejected);
+        if let (Applied::Rejected, Some(key)) = (applied, key) {
+            self.reject_reasons.insert(key, reason.to_string());
+        }
+        applied
+    }
+
+    fn start(&mut self, offset: i64, ts: i64, key: Key, deadline: i64, attempt: u32) -> Applied {
         if let Some(i) = self.find(&key) {
             let slot = &mut self.slots[i as usize];
             match slot.meta.phase() {
@@ -350,7 +415,8 @@ impl PartitionState {
     /// Tracks the Schedule marker at `offset` until `due`. Its key is the marker's own place,
     /// so the commit offset stays behind it like behind a Start, and an End for it cancels it.
     fn schedule(&mut self, offset: i64, ts: i64, due: i64) -> Applied {
-        let key = self.intern(&self.home_ref(offset));
+        let home = self.home_ref(offset);
+        let key = self.intern(&home);
         if self.find(&key).is_some() {
             // One marker offset is read once per assignment; nothing to do if it repeats.
             return Applied::Scheduled;
@@ -369,8 +435,8 @@ impl PartitionState {
         self.time_index.sample(offset, ts);
     }
 
-    fn reschedule(&mut self, source: &SourceRef, due: i64, phase: Phase, ok: Applied) -> Applied {
-        let Some(i) = self.key(source).and_then(|k| self.find(&k)) else {
+    fn reschedule(&mut self, key: Option<Key>, due: i64, phase: Phase, ok: Applied) -> Applied {
+        let Some(i) = key.and_then(|k| self.find(&k)) else {
             return Applied::Odd(Oddity::SettleWithoutStart);
         };
         let slot = &mut self.slots[i as usize];
@@ -392,8 +458,8 @@ impl PartitionState {
         ok
     }
 
-    fn end(&mut self, source: &SourceRef) -> Applied {
-        let Some(key) = self.key(source) else {
+    fn end(&mut self, key: Option<Key>) -> Applied {
+        let Some(key) = key else {
             return Applied::Odd(Oddity::EndWithoutStart);
         };
         self.reject_reasons.remove(&key);

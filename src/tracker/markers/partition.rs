@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::marker::Marker;
+use crate::marker::{Marker, SourceRef};
 
 use crate::tracker::core::clock::{PartitionClock, Reading};
 use crate::tracker::core::state::{Applied, Expiry, PartitionState};
@@ -180,6 +180,30 @@ impl OwnedPartition {
     /// Applies one decoded marker and counts what it did.
     pub fn apply(&mut self, offset: i64, timestamp_ms: i64, marker: &Marker, metrics: &Metrics) {
         metrics.marker(marker.marker_type());
+        if let Some((topic, partition)) = marker
+            .source_partition()
+            .filter(|_| marker.source().is_none())
+        {
+            // Version 2: one marker, many records; only the odd outcomes need saying.
+            let id = self.id;
+            let mut records = 0u64;
+            self.state
+                .on_batch(offset, timestamp_ms, marker, |applied, source_offset| {
+                    records += 1;
+                    match applied {
+                        Applied::Odd(oddity) => {
+                            let source = SourceRef::new(topic, partition, source_offset);
+                            metrics.odd_marker(id, offset, oddity, Some(&source));
+                        }
+                        Applied::Cancelled => {
+                            metrics.cancelled(&SourceRef::new(topic, partition, source_offset))
+                        }
+                        _ => {}
+                    }
+                });
+            metrics.batched_records(marker.marker_type(), records);
+            return;
+        }
         match self.state.on_marker(offset, timestamp_ms, marker) {
             Applied::Tick(nonce) => {
                 if matches!(self.catch_up, CatchUp::Replaying { nonce: want, .. } if want == nonce)
