@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
-use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+use kafka_redelivery::client::{ConsumerConfig, MarkerFormat, RedeliveryConsumer};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -36,6 +36,21 @@ impl Kind {
             Kind::Ours => "ours",
             Kind::Share => "share",
         }
+    }
+}
+
+/// The marker format "ours" writes, chosen once on the command line.
+static OURS_FORMAT: std::sync::OnceLock<MarkerFormat> = std::sync::OnceLock::new();
+
+pub fn set_ours_format(format: MarkerFormat) {
+    let _ = OURS_FORMAT.set(format);
+}
+
+pub fn parse_format(s: &str) -> Result<MarkerFormat, String> {
+    match s {
+        "v1" => Ok(MarkerFormat::V1),
+        "v2" => Ok(MarkerFormat::V2),
+        other => Err(format!("`{other}` is not a marker format (v1 or v2)")),
     }
 }
 
@@ -241,7 +256,8 @@ async fn ours(
     )
     .timeout(Duration::from_secs(2))
     .max_batch(BATCH)
-    .max_unsettled(UNSETTLED);
+    .max_unsettled(UNSETTLED)
+    .marker_format(OURS_FORMAT.get().copied().unwrap_or_default());
     let mut c = RedeliveryConsumer::new(config).await?;
     let acked = Arc::new(AtomicUsize::new(0));
     let mut lat = Vec::new();

@@ -68,6 +68,10 @@ struct Args {
     /// Which consumers to compare (all by default).
     #[arg(long, value_delimiter = ',', default_value = "plain,floor,ours,share")]
     kinds: Vec<Kind>,
+    /// The marker format "ours" writes: v2 (batched, the client's default) or v1 (one marker
+    /// per record), to compare the two with everything else equal.
+    #[arg(long, default_value = "v2", value_parser = consumers::parse_format)]
+    ours_format: kafka_redelivery::client::MarkerFormat,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -526,6 +530,7 @@ fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args = Args::parse();
+    consumers::set_ours_format(args.ours_format);
     let plan = Plan::of(&args);
     if plan.runs(Part::Latency) && !plan.runs(Part::Throughput) && plan.offered.is_none() {
         return Err("--parts latency without throughput needs --offered".into());
