@@ -20,6 +20,11 @@ use crate::marker::{Marker, Offsets, Settle, SourceRef, MAX_BATCH_RECORDS};
 
 use super::settler::MarkerWriter;
 
+/// Most bytes of reject reasons one Settle carries before it is written without waiting for
+/// the window: far below the 1 MB a markers topic accepts by default, however many records
+/// are rejected at once with long reasons.
+const MAX_REASON_BYTES_PER_MARKER: usize = 256 * 1024;
+
 /// The durable write of one Settle marker, awaited by every settlement in it.
 pub(crate) type Written = Shared<BoxFuture<'static, Result<(), KafkaError>>>;
 
@@ -53,10 +58,15 @@ struct Gathered {
     ends: Vec<i64>,
     settle: Settle,
     count: usize,
+    reason_bytes: usize,
     waiters: Vec<oneshot::Sender<Written>>,
 }
 
 impl Gathered {
+    fn is_full(&self, max_records: usize) -> bool {
+        self.count >= max_records || self.reason_bytes >= MAX_REASON_BYTES_PER_MARKER
+    }
+
     fn into_marker(self) -> (Marker, bool, Vec<oneshot::Sender<Written>>) {
         let mut settle = self.settle;
         let has_end = !self.ends.is_empty();
@@ -127,7 +137,7 @@ impl Coalescer {
         }
         let max = self.max_records;
         let at = p.gathered.iter().position(|g| {
-            g.partition == source.partition && g.count < max && g.topic == source.topic
+            g.partition == source.partition && !g.is_full(max) && g.topic == source.topic
         });
         let i = at.unwrap_or_else(|| {
             p.gathered.push(Gathered {
@@ -136,6 +146,7 @@ impl Coalescer {
                 ends: Vec::new(),
                 settle: Settle::new(source.topic.clone(), source.partition),
                 count: 0,
+                reason_bytes: 0,
                 waiters: Vec::new(),
             });
             p.gathered.len() - 1
@@ -145,12 +156,15 @@ impl Coalescer {
         match op {
             Op::End => g.ends.push(offset),
             Op::Nack(delay) => g.settle.nacks.push((offset, delay)),
-            Op::Reject(reason) => g.settle.rejects.push((offset, reason)),
+            Op::Reject(reason) => {
+                g.reason_bytes += reason.len().min(crate::marker::MAX_REASON_BYTES);
+                g.settle.rejects.push((offset, reason));
+            }
             Op::KeepAlive(timeout) => g.settle.keep_alives.push((offset, timeout)),
         }
         g.count += 1;
         g.waiters.push(tx);
-        let full = g.count >= max;
+        let full = g.is_full(max);
         let opening = p.opened.is_none();
         if opening {
             p.opened = Some(Instant::now());
@@ -224,8 +238,71 @@ fn flush_loop(inner: &Inner, window: Duration, writer: &MarkerWriter) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::mocking::MockCluster;
+
+    /// Settlements of two partitions, on librdkafka's mock cluster: each waiter resolves once
+    /// its marker is written, and the markers name every settlement exactly once, split at the
+    /// record limit and never mixing partitions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn settlements_become_few_markers_and_every_waiter_hears_of_its_own() {
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("m", 1, 1).unwrap();
+        let brokers = mock.bootstrap_servers();
+        let producer = crate::kafka::client_config(&brokers, &[], &[])
+            .create()
+            .unwrap();
+        let writer = MarkerWriter::new(producer, "m".into(), 1);
+        let c = Coalescer::start(Duration::from_millis(20), 3, writer).unwrap();
+        let mut waiting = Vec::new();
+        for offset in 0..5 {
+            waiting.push(c.add(&SourceRef::new("t", 0, offset), Op::End));
+        }
+        waiting.push(c.add(&SourceRef::new("t", 1, 7), Op::Nack(9)));
+        waiting.push(c.add(&SourceRef::new("t", 1, 8), Op::Reject("no".into())));
+        for w in waiting {
+            w.await.expect("gathered").await.expect("durable");
+        }
+
+        let consumer: BaseConsumer = crate::kafka::client_config(
+            &brokers,
+            &[("group.id", "g"), ("auto.offset.reset", "earliest")],
+            &[],
+        )
+        .create()
+        .unwrap();
+        consumer.subscribe(&["m"]).unwrap();
+        let mut settles = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while settles.len() < 3 && Instant::now() < deadline {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                match crate::marker::decode(m.payload().unwrap()).unwrap() {
+                    Marker::Settle(s) => settles.push(*s),
+                    other => panic!("not a Settle: {other:?}"),
+                }
+            }
+        }
+        let mut ends: Vec<(i32, Vec<i64>)> = settles
+            .iter()
+            .filter(|s| !s.ends.is_empty())
+            .map(|s| (s.partition, s.ends.iter().collect()))
+            .collect();
+        ends.sort();
+        assert_eq!(ends, vec![(0, vec![0, 1, 2]), (0, vec![3, 4])]);
+        let other: Vec<_> = settles.iter().filter(|s| s.partition == 1).collect();
+        assert_eq!(other.len(), 1);
+        assert_eq!(other[0].nacks, vec![(7, 9)]);
+        assert_eq!(other[0].rejects, vec![(8, "no".to_string())]);
+        c.close();
+        assert!(
+            c.add(&SourceRef::new("t", 0, 9), Op::End).await.is_err(),
+            "after close a settlement is cancelled, not lost in silence"
+        );
+    }
 
     #[test]
     fn op_of_covers_the_settlements_and_nothing_else() {
