@@ -154,11 +154,19 @@ impl Settler {
                 .boxed()
             }
             _ => {
-                let written = self.writer.write(marker);
+                // One waiter: the plain delivery future, without the shared wrapper.
+                let sent = self.writer.send(marker);
                 if matches!(marker, Marker::End { .. }) {
                     crate::failpoint::hit("after-end-sent");
                 }
-                written.boxed()
+                async move {
+                    match sent?.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err((e, _))) => Err(e),
+                        Err(_) => Err(KafkaError::Canceled),
+                    }
+                }
+                .boxed()
             }
         }
     }

@@ -56,7 +56,23 @@ pub struct Metrics {
     already_published: IntCounter,
     snapshots: IntCounter,
     snapshot_failures: IntCounter,
+    problems: IntCounterVec,
 }
+
+/// Problems that have no counter of their own, by the `kind` label of
+/// `redelivery_problems_total`: each is logged where it happens and counted here, so an alert
+/// can see what a log line says.
+pub const PROBLEMS: [&str; 9] = [
+    "pass_outlived_revocation",
+    "pause_failed",
+    "resume_failed",
+    "restore_thread_gone",
+    "rebalance_error",
+    "read_before_restore",
+    "rewind_failed",
+    "worker_gone",
+    "published_check_failed",
+];
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
@@ -246,6 +262,13 @@ impl Metrics {
                 "Scheduled records produced to their target topic",
                 &["topic"],
             ),
+            problems: counter(
+                &r,
+                "redelivery_problems_total",
+                "Problems logged that have no counter of their own, by kind (see PROBLEMS in \
+                 src/tracker/metrics.rs)",
+                &["kind"],
+            ),
             registry: r,
             events: EventBus::default(),
             log_limit: Default::default(),
@@ -280,6 +303,15 @@ impl Metrics {
         for what in ["copy", "dead_letter", "scheduled", "end", "tick"] {
             self.produce_errors.with_label_values(&[what]);
         }
+        for kind in PROBLEMS {
+            self.problems.with_label_values(&[kind]);
+        }
+    }
+
+    /// Counts a problem whose log line the caller writes (`kind`: one of [`PROBLEMS`]).
+    pub fn problem(&self, kind: &'static str) {
+        debug_assert!(PROBLEMS.contains(&kind), "unknown problem kind {kind}");
+        self.problems.with_label_values(&[kind]).inc();
     }
 
     /// Renders the Prometheus text format.
@@ -439,6 +471,7 @@ impl Metrics {
 
     /// Whether a previous owner published some schedules could not be checked.
     pub fn published_check_failed(&self, target: &str, schedules: usize, why: &str) {
+        self.problem("published_check_failed");
         tracing::warn!(
             target,
             schedules,

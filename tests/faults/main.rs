@@ -265,15 +265,24 @@ fn read_all(cluster: &Cluster, topic: &str) -> Vec<OwnedMessage> {
     out
 }
 
-/// The source coordinates of every End marker in the markers topic.
+/// The source coordinates of every End in the markers topic: version 1 End markers and the
+/// ends of version 2 Settle markers.
 fn end_markers(cluster: &Cluster, t: &Topics) -> HashSet<(String, i32, i64)> {
-    read_all(cluster, &t.markers)
-        .iter()
-        .filter_map(|m| match decode(m.payload()?) {
-            Ok(Marker::End { source }) => Some((source.topic, source.partition, source.offset)),
-            _ => None,
-        })
-        .collect()
+    let mut ends = HashSet::new();
+    for m in read_all(cluster, &t.markers) {
+        match m.payload().map(decode) {
+            Some(Ok(Marker::End { source })) => {
+                ends.insert((source.topic, source.partition, source.offset));
+            }
+            Some(Ok(Marker::Settle(s))) => {
+                for offset in s.ends.iter() {
+                    ends.insert((s.topic.clone(), s.partition, offset));
+                }
+            }
+            _ => {}
+        }
+    }
+    ends
 }
 
 fn print_report(seed: u64, r: &Report, done: &[(u64, Fault)]) {

@@ -85,6 +85,7 @@ impl TrackerContext {
     /// waits for a pass under way, before the partitions are committed and given up.
     fn fence_off(&self, ids: &[i32]) {
         if !self.fence.revoke(ids, PASS_WAIT) {
+            self.metrics.problem("pass_outlived_revocation");
             tracing::warn!(
                 partitions = ?ids,
                 wait = ?PASS_WAIT,
@@ -113,9 +114,11 @@ impl TrackerContext {
             }
         }
         if let Err(e) = consumer.pause(&pause) {
+            self.metrics.problem("pause_failed");
             tracing::error!(error = %e, "could not pause partitions waiting for their snapshot");
         }
         if !self.restorer.ask(ask) {
+            self.metrics.problem("restore_thread_gone");
             tracing::error!("the restore thread is gone; new partitions stay paused and unready");
         }
     }
@@ -157,10 +160,12 @@ impl TrackerContext {
         }
         if resume.count() > 0 {
             if let Err(e) = consumer.resume(&resume) {
+                self.metrics.problem("resume_failed");
                 tracing::error!(error = %e, "could not resume restored partitions");
             }
         }
         if !self.restorer.ask(again) {
+            self.metrics.problem("restore_thread_gone");
             tracing::error!("the restore thread is gone; partitions stay paused and unready");
         }
     }
@@ -232,7 +237,10 @@ impl ConsumerContext for TrackerContext {
                 }
             }
             Rebalance::Assign(_) => {}
-            Rebalance::Error(e) => tracing::warn!(error = %e, "rebalance error"),
+            Rebalance::Error(e) => {
+                self.metrics.problem("rebalance_error");
+                tracing::warn!(error = %e, "rebalance error")
+            }
         }
     }
 
@@ -346,6 +354,7 @@ impl MarkersLoop {
             // out anyway, read it again once the snapshot is in.
             let (id, offset) = (p.id, m.offset());
             drop(owned);
+            self.metrics.problem("read_before_restore");
             tracing::warn!(
                 partition = id,
                 offset,
@@ -357,6 +366,7 @@ impl MarkersLoop {
                 Offset::Offset(offset),
                 Duration::from_secs(5),
             ) {
+                self.metrics.problem("rewind_failed");
                 tracing::error!(partition = id, error = %e, "rewind failed; stopping so the partition is replayed by the next owner");
                 self.stop.store(true, Ordering::Relaxed);
             }
@@ -445,6 +455,7 @@ impl MarkersLoop {
         for job in jobs {
             self.queued.fetch_add(1, Ordering::Relaxed);
             if self.jobs.send(job).is_err() {
+                self.metrics.problem("worker_gone");
                 tracing::error!("redelivery worker is gone; due deliveries stay in flight");
                 self.stop.store(true, Ordering::Relaxed);
                 return;
