@@ -636,3 +636,6 @@ impl Drop for PassGuard<'_> {
         self.0.end_pass();
     }
 }
+
+#[cfg(test)]
+mod tests;
