@@ -280,3 +280,32 @@ async fn max_deliveries_ends_in_the_dead_letter_topic() {
     tracker.wait_metric(&series, 1.0).await;
     tracker.stop().await;
 }
+
+/// KIP-848's consumer-group protocol: used where the broker serves it (4.x), refused at once
+/// with a message where it does not (3.9, the second pass of `scripts/test`), never a consumer
+/// that silently waits for an assignment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_group_protocol_works_where_served_and_is_refused_where_not() {
+    let t = topics(1, 1).await;
+    let config = ConsumerConfig::new(brokers(), unique("kip848"), [&t.source], &t.markers)
+        .set("group.protocol", "consumer");
+    let old_broker = std::env::var("KAFKA_VERSION").is_ok_and(|v| v.starts_with("3."));
+    let result = RedeliveryConsumer::new(config).await;
+    if old_broker {
+        match result {
+            Err(kafka_redelivery::client::ClientError::Unsupported(why)) => {
+                assert!(why.contains("group.protocol=consumer"), "{why}")
+            }
+            Err(other) => panic!("refused for the wrong reason: {other}"),
+            Ok(_) => panic!("accepted a protocol the broker does not serve"),
+        }
+        return;
+    }
+    let mut c = result.expect("the broker serves KIP-848 consumer groups");
+    produce(&t.source, None, "k", b"v", &[]).await;
+    let d = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("a delivery through the new protocol");
+    d.ack().await.unwrap();
+}

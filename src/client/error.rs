@@ -71,6 +71,10 @@ pub enum ClientError {
     /// The poll thread could not be started.
     #[error("cannot start the poll thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// The configuration asks for something the broker does not serve (KIP-848's
+    /// `group.protocol=consumer` on a broker without it): refused at once, not waited for.
+    #[error("the broker does not support this configuration: {0}")]
+    Unsupported(String),
     /// The poll thread died (a panic: a bug, reported with its message) or did not stop in
     /// time. Records it had polled but not handed out are polled again by the next owner of
     /// their partitions; deliveries already handed out can still be settled.

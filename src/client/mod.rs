@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+mod broker_check;
 mod coalesce;
 mod concurrent;
 mod config;
@@ -113,6 +114,7 @@ impl RedeliveryConsumer {
             .create()
             .map_err(kafka("creating the consumer"))?;
         let partitions = markers_partitions(&consumer, &config.markers_topic)?;
+        broker_check::check(&config)?;
         let producer: FutureProducer = config
             .client_config(&crate::kafka::DURABLE_PRODUCER)
             .create()
