@@ -350,3 +350,165 @@ proptest! {
         let _ = decode(&bytes);
     }
 }
+
+/// `docs/marker-vectors.json`, the machine-readable vectors other clients test against, says
+/// exactly what docs/markers.md says, and the Rust codec agrees with both.
+#[test]
+fn json_vectors_match_the_spec() {
+    let json: serde_json::Value =
+        serde_json::from_str(include_str!("../../docs/marker-vectors.json")).unwrap();
+    let hex = |v: &serde_json::Value| -> Vec<u8> {
+        v.as_str()
+            .unwrap()
+            .split(' ')
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect()
+    };
+    let mut named = std::collections::BTreeSet::new();
+    for v in json["markers"].as_array().unwrap() {
+        let name = v["name"].as_str().unwrap();
+        named.insert(name.to_string());
+        let bytes = hex(&v["hex"]);
+        assert_eq!(
+            bytes,
+            vector(name),
+            "`{name}`: the JSON and docs/markers.md differ"
+        );
+        let marker = marker_from_json(&v["marker"]);
+        assert_eq!(encode(&marker), bytes, "encoding of `{name}`");
+        assert_eq!(decode(&bytes), Ok(marker), "decoding of `{name}`");
+    }
+    for v in json["rejections"].as_array().unwrap() {
+        let name = v["name"].as_str().unwrap();
+        named.insert(name.to_string());
+        let bytes = hex(&v["hex"]);
+        assert_eq!(
+            bytes,
+            vector(name),
+            "`{name}`: the JSON and docs/markers.md differ"
+        );
+        let kind = decode(&bytes).expect_err(name).kind();
+        assert_eq!(kind, v["kind"].as_str().unwrap(), "`{name}`");
+    }
+    // Every vector of the spec is in the JSON: a row whose last code cell is hex bytes.
+    for line in SPEC.lines().filter(|l| l.starts_with("| ")) {
+        let is_vector = line
+            .split('`')
+            .any(|cell| cell.len() >= 5 && cell.chars().all(|c| c.is_ascii_hexdigit() || c == ' '));
+        let name = line.split('|').nth(1).unwrap_or("").trim();
+        if is_vector {
+            assert!(
+                named.contains(name),
+                "docs/markers.md vector `{name}` is not in the JSON"
+            );
+        }
+    }
+    for p in json["partitions"].as_array().unwrap() {
+        let got = markers_partition(
+            p["topic"].as_str().unwrap(),
+            p["partition"].as_i64().unwrap() as i32,
+            p["partitions"].as_i64().unwrap() as i32,
+        );
+        assert_eq!(
+            i64::from(got),
+            p["markers_partition"].as_i64().unwrap(),
+            "{p}"
+        );
+    }
+}
+
+/// A marker described the way docs/marker-vectors.json describes it.
+fn marker_from_json(m: &serde_json::Value) -> Marker {
+    let s = |k: &str| m[k].as_str().unwrap().to_string();
+    let i = |k: &str| m[k].as_i64().unwrap();
+    let u = |k: &str| m[k].as_u64().unwrap();
+    let source = || SourceRef::new(s("topic"), i("partition") as i32, i("offset"));
+    let pairs = |k: &str| -> Vec<(i64, u64)> {
+        m[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p[0].as_i64().unwrap(), p[1].as_u64().unwrap()))
+            .collect()
+    };
+    let offsets =
+        |k: &str| Offsets::collect(m[k].as_array().unwrap().iter().map(|o| o.as_i64().unwrap()));
+    let bytes = |v: &serde_json::Value| {
+        v.as_str().map(|h| {
+            (0..h.len())
+                .step_by(2)
+                .map(|j| u8::from_str_radix(&h[j..j + 2], 16).unwrap())
+                .collect::<Vec<u8>>()
+        })
+    };
+    match m["type"].as_str().unwrap() {
+        "start" => Marker::Start {
+            source: source(),
+            timeout_ms: u("timeout_ms") as u32,
+            attempt: u("attempt") as u32,
+        },
+        "keep_alive" => Marker::KeepAlive {
+            source: source(),
+            timeout_ms: u("timeout_ms") as u32,
+        },
+        "end" => Marker::End { source: source() },
+        "nack" => Marker::Nack {
+            source: source(),
+            delay_ms: u("delay_ms"),
+        },
+        "reject" => Marker::Reject {
+            source: source(),
+            reason: s("reason"),
+        },
+        "tick" => Marker::Tick { nonce: u("nonce") },
+        "schedule" => {
+            let r = &m["record"];
+            Marker::Schedule {
+                not_before_ms: i("not_before_ms"),
+                delay_ms: u("delay_ms"),
+                record: Box::new(ScheduledRecord {
+                    topic: r["topic"].as_str().unwrap().to_string(),
+                    partition: r["partition"].as_i64().map(|p| p as i32),
+                    key: bytes(&r["key"]),
+                    payload: bytes(&r["value"]),
+                    headers: r["headers"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|h| (h[0].as_str().unwrap().into(), bytes(&h[1])))
+                        .collect(),
+                }),
+            }
+        }
+        "start_batch" => Marker::StartBatch(Box::new(StartBatch {
+            topic: s("topic"),
+            partition: i("partition") as i32,
+            timeout_ms: u("timeout_ms") as u32,
+            offsets: offsets("offsets"),
+            attempts: pairs("attempts")
+                .into_iter()
+                .map(|(o, a)| (o, a as u32))
+                .collect(),
+            timeouts: pairs("timeouts")
+                .into_iter()
+                .map(|(o, t)| (o, t as u32))
+                .collect(),
+        })),
+        "settle" => Marker::Settle(Box::new(Settle {
+            topic: s("topic"),
+            partition: i("partition") as i32,
+            keep_alives: pairs("keep_alives")
+                .into_iter()
+                .map(|(o, t)| (o, t as u32))
+                .collect(),
+            nacks: pairs("nacks"),
+            rejects: m["rejects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r[0].as_i64().unwrap(), r[1].as_str().unwrap().to_string()))
+                .collect(),
+            ends: offsets("ends"),
+        })),
+        other => panic!("unknown marker type {other} in the JSON vectors"),
+    }
+}
