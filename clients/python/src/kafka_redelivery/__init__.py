@@ -1,0 +1,18 @@
+"""Individual acknowledgement and timeout redelivery on plain Kafka: the Python client.
+
+It speaks the marker format of the repository's docs/markers.md (version 2 by default) to the
+same ``redelivery-tracker`` the Rust client uses.
+"""
+
+from .consumer import Delivery, RedeliveryConsumer, RedeliveryError
+from .markers import DecodeError, Source
+from .retry import RetryPolicy
+
+__all__ = [
+    "DecodeError",
+    "Delivery",
+    "RedeliveryConsumer",
+    "RedeliveryError",
+    "RetryPolicy",
+    "Source",
+]

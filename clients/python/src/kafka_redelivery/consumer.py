@@ -1,0 +1,407 @@
+"""The consumer side of the protocol, on confluent-kafka.
+
+For each batch ``poll`` takes from Kafka, in this order and no other:
+
+1. write a Start marker per source partition of the batch (idempotent producer, ``acks=all``);
+2. wait until every Start is acknowledged;
+3. commit each source partition whose Start is durable; seek a partition whose Start failed
+   back to its first record of the batch, so it is polled again (if even the seek fails, the
+   consumer stops with an error rather than risk committing past it later);
+4. hand the records out as :class:`Delivery` objects.
+
+So a source offset is never committed before its Start is durable, as in the Rust client. The
+markers go to the markers partition the FNV-1a rule picks, the same as every other client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from . import headers as hdr
+from . import markers as m
+from .retry import RetryPolicy
+
+log = logging.getLogger("kafka_redelivery")
+
+#: How long a marker write may take before it counts as failed: librdkafka's own delivery
+#: timeout (``delivery.timeout.ms``, 300 s by default) plus a margin.
+WRITE_WAIT_S = 310.0
+
+
+class RedeliveryError(Exception):
+    """A marker could not be written, the markers topic is unusable, or the consumer stopped."""
+
+
+@dataclass
+class _Write:
+    done: threading.Event
+    error: str | None = None
+
+
+class _MarkerWriter:
+    """Writes markers to the markers partition of their source partition and waits for them."""
+
+    def __init__(self, producer: Any, topic: str, partitions: int) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.partitions = partitions
+
+    def send(self, marker: m.Marker, topic: str, partition: int) -> _Write:
+        write = _Write(threading.Event())
+
+        def delivered(err: KafkaError | None, _msg: Message | None) -> None:
+            if err is not None:
+                write.error = str(err)
+            write.done.set()
+
+        target = m.markers_partition(topic, partition, self.partitions)
+        payload = m.encode(marker)
+        while True:
+            try:
+                self.producer.produce(
+                    self.topic, value=payload, partition=target, on_delivery=delivered
+                )
+                return write
+            except BufferError:
+                # librdkafka's queue is full: let it drain.
+                self.producer.poll(0.01)
+
+    def wait(self, writes: list[_Write]) -> None:
+        """Serves delivery reports until every write in ``writes`` has its answer."""
+        deadline = time.monotonic() + WRITE_WAIT_S
+        for w in writes:
+            while not w.done.is_set():
+                if time.monotonic() > deadline:
+                    w.error = w.error or "no answer from the broker in time"
+                    break
+                self.producer.poll(0.005)
+
+    def write(self, marker: m.Marker, topic: str, partition: int) -> None:
+        """Writes one marker and returns once it is durable."""
+        w = self.send(marker, topic, partition)
+        self.wait([w])
+        if w.error is not None:
+            raise RedeliveryError(f"writing a marker for {topic}/{partition}: {w.error}")
+
+
+class Delivery:
+    """One record handed to the application, to be settled exactly once."""
+
+    def __init__(self, owner: RedeliveryConsumer, msg: Any, attempt: int, timeout_ms: int) -> None:
+        self._owner = owner
+        self.topic: str = msg.topic()
+        self.partition: int = msg.partition()
+        self.offset: int = msg.offset()
+        self.key: bytes | None = msg.key()
+        self.value: bytes | None = msg.value()
+        raw = msg.headers() or []
+        self.headers: hdr.Headers = [
+            (k if isinstance(k, str) else k.decode("utf-8", "replace"), v) for k, v in raw
+        ]
+        self.attempt = attempt
+        self.timeout_ms = timeout_ms
+        self.original: m.Source | None = hdr.original(self.headers)
+        self.settled = False
+
+    @property
+    def source(self) -> m.Source:
+        return m.Source(self.topic, self.partition, self.offset)
+
+    def ack(self) -> None:
+        """The record is done: it will not be redelivered. Returns once its End is durable."""
+        self._settle(m.Settle(self.topic, self.partition, ends=[self.offset]))
+
+    def nack(self, delay_s: float | None = None) -> None:
+        """Give the record back: redelivered after ``delay_s``, or after the retry policy's
+        delay (and to the dead-letter topic once the policy's limit is reached)."""
+        if delay_s is None:
+            policy = self._owner.retry
+            limit = policy.limit(hdr.max_deliveries(self.headers))
+            if limit is not None and self.attempt >= limit:
+                self.reject(f"delivered {self.attempt} times; the retry policy allows {limit}")
+                return
+            delay_s = policy.delay_after(self.attempt)
+        delay_ms = max(int(delay_s * 1000), 0)
+        self._settle(m.Settle(self.topic, self.partition, nacks=[(self.offset, delay_ms)]))
+
+    def reject(self, reason: str) -> None:
+        """Refuse the record: the tracker sends it to the dead-letter topic with ``reason``."""
+        self._settle(m.Settle(self.topic, self.partition, rejects=[(self.offset, reason)]))
+
+    def keep_alive(self, timeout_s: float | None = None) -> None:
+        """Push the deadline out to ``timeout_s`` (default: this delivery's timeout) from now."""
+        if self.settled:
+            raise RedeliveryError("keep_alive on a settled delivery")
+        ms = self.timeout_ms if timeout_s is None else int(timeout_s * 1000)
+        marker = m.Settle(self.topic, self.partition, keep_alives=[(self.offset, ms)])
+        self._owner._write(marker, self)
+
+    def abandon(self) -> None:
+        """Give up on the delivery without telling the tracker: it is redelivered when its
+        timeout passes, as if this process had hung. Frees its place under the bound."""
+        if not self.settled:
+            self.settled = True
+            self._owner._settled(self)
+
+    def _settle(self, marker: m.Settle) -> None:
+        if self.settled:
+            raise RedeliveryError(f"{self.source} is already settled")
+        self.settled = True
+        self._owner._settled(self)
+        self._owner._write(marker, self)
+
+    def __repr__(self) -> str:
+        return f"Delivery({self.topic}/{self.partition}@{self.offset}, attempt {self.attempt})"
+
+
+class RedeliveryConsumer:
+    """A Kafka consumer whose records are acknowledged one by one (see the module docs).
+
+    ``config`` adds librdkafka settings to both the consumer and the markers producer (for
+    example SASL). ``marker_format`` 2 (the default) writes one Start per source partition of
+    each batch; 1 writes one marker per record, for a tracker older than version 2.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        group_id: str,
+        topics: list[str],
+        markers_topic: str,
+        *,
+        timeout_s: float = 30.0,
+        max_unsettled: int = 1000,
+        retry: RetryPolicy | None = None,
+        config: dict[str, Any] | None = None,
+        max_batch: int = 500,
+        marker_format: int = 2,
+    ) -> None:
+        if marker_format not in (1, 2):
+            raise ValueError(f"marker_format must be 1 or 2, not {marker_format}")
+        extra = dict(config or {})
+        self.retry = retry or RetryPolicy()
+        self.timeout_ms = int(timeout_s * 1000)
+        self.max_unsettled = max(max_unsettled, 1)
+        self.max_batch = max(max_batch, 1)
+        self.marker_format = marker_format
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                **extra,
+            }
+        )
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 2,
+                "compression.type": "none",
+                **extra,
+            }
+        )
+        meta = self._consumer.list_topics(markers_topic, timeout=10)
+        found = meta.topics.get(markers_topic)
+        if found is None or found.error is not None or not found.partitions:
+            why = "missing" if found is None else (found.error or "no partitions")
+            self._consumer.close()
+            raise RedeliveryError(
+                f"markers topic {markers_topic!r} is not usable ({why}); "
+                "create it with `redelivery-tracker topics create`"
+            )
+        self._writer = _MarkerWriter(producer, markers_topic, len(found.partitions))
+        self._consumer.subscribe(list(topics))
+        self._ready: deque[Delivery] = deque()
+        self._lock = threading.Lock()
+        self._unsettled = 0
+        self._paused = False
+        self._failed: str | None = None
+        self._closed = False
+
+    @property
+    def unsettled(self) -> int:
+        """Deliveries handed out and not settled yet."""
+        with self._lock:
+            return self._unsettled
+
+    def poll(self, timeout_s: float = 1.0) -> Delivery | None:
+        """The next delivery, or ``None`` if none came within ``timeout_s``."""
+        if self._failed is not None:
+            raise RedeliveryError(f"the consumer stopped: {self._failed}")
+        if self._closed:
+            raise RedeliveryError("the consumer is closed")
+        if not self._ready:
+            room = self.max_unsettled - self.unsettled
+            self._set_paused(room <= 0)
+            # Paused, the poll only serves rebalances; a partition assigned meanwhile is not
+            # paused yet, so at most one of its records comes (as in the Rust client).
+            limit = 1 if room <= 0 else min(room, self.max_batch)
+            wait = min(timeout_s, 0.1) if room <= 0 else timeout_s
+            messages = self._consumer.consume(num_messages=limit, timeout=wait)
+            batch = []
+            for msg in messages:
+                if msg.error() is not None:
+                    log.warning("consumer error: %s", msg.error())
+                else:
+                    batch.append(msg)
+            if batch:
+                self._start(batch)
+        if not self._ready:
+            return None
+        return self._ready.popleft()
+
+    def __iter__(self) -> Iterator[Delivery]:
+        while not self._closed:
+            d = self.poll(1.0)
+            if d is not None:
+                yield d
+
+    def close(self) -> None:
+        """Leaves the group. Deliveries taken from Kafka but not handed out yet are released
+        for redelivery at once; those handed out can still be settled until the process ends,
+        and are redelivered after their timeout if they are not."""
+        if self._closed:
+            return
+        self._closed = True
+        while self._ready:
+            d = self._ready.popleft()
+            try:
+                d.nack(0.0)
+            except RedeliveryError as e:
+                log.warning("release of %s failed (%s); it times out instead", d, e)
+        self._set_paused(False)
+        self._consumer.close()
+        self._writer.producer.flush(10)
+
+    def _set_paused(self, pause: bool) -> None:
+        if pause == self._paused and not pause:
+            return
+        assignment = self._consumer.assignment()
+        if not assignment:
+            self._paused = pause
+            return
+        try:
+            if pause:
+                self._consumer.pause(assignment)
+            else:
+                self._consumer.resume(assignment)
+            self._paused = pause
+        except KafkaException as e:
+            log.warning("could not pause/resume fetching: %s", e)
+
+    def _start(self, batch: list[Any]) -> None:
+        """Steps 1 to 4 for one polled batch."""
+        groups: dict[tuple[str, int], list[Any]] = {}
+        for msg in batch:
+            groups.setdefault((msg.topic(), msg.partition()), []).append(msg)
+        planned: list[tuple[tuple[str, int], list[_Write]]] = []
+        for (topic, partition), msgs in groups.items():
+            writes = [self._writer.send(mk, topic, partition) for mk in self._starts(msgs)]
+            planned.append(((topic, partition), writes))
+        self._writer.wait([w for _, ws in planned for w in ws])
+        commit: list[TopicPartition] = []
+        handed: list[Any] = []
+        for (topic, partition), writes in planned:
+            msgs = groups[(topic, partition)]
+            failed = [w.error for w in writes if w.error is not None]
+            if failed:
+                first = msgs[0].offset()
+                log.warning(
+                    "Start marker for %s/%s not durable (%s); not committing past offset %s "
+                    "and polling it again",
+                    topic,
+                    partition,
+                    failed[0],
+                    first,
+                )
+                try:
+                    self._consumer.seek(TopicPartition(topic, partition, first))
+                except KafkaException as e:
+                    self._failed = f"seeking {topic}/{partition} back to {first} failed: {e}"
+                    raise RedeliveryError(self._failed) from e
+                continue
+            commit.append(TopicPartition(topic, partition, msgs[-1].offset() + 1))
+            handed.extend(msgs)
+        if commit:
+            try:
+                self._consumer.commit(offsets=commit, asynchronous=False)
+            except KafkaException as e:
+                # The Starts are durable: a later owner redelivers what it polls again.
+                log.warning("commit failed: %s", e)
+        with self._lock:
+            self._unsettled += len(handed)
+        for msg in handed:
+            self._ready.append(self._delivery(msg))
+
+    def _starts(self, msgs: list[Any]) -> list[m.Marker]:
+        """The Start markers for one source partition's records of a batch, in offset order."""
+        if self.marker_format == 1:
+            return [
+                m.Start(
+                    m.Source(msg.topic(), msg.partition(), msg.offset()),
+                    self._timeout_of(msg),
+                    hdr.attempt(self._headers_of(msg)),
+                )
+                for msg in msgs
+            ]
+        out: list[m.Marker] = []
+        for i in range(0, len(msgs), m.MAX_BATCH_RECORDS):
+            chunk = msgs[i : i + m.MAX_BATCH_RECORDS]
+            batch = m.StartBatch(chunk[0].topic(), chunk[0].partition(), self.timeout_ms, [])
+            for msg in chunk:
+                batch.offsets.append(msg.offset())
+                attempt = hdr.attempt(self._headers_of(msg))
+                if attempt != 1:
+                    batch.attempts.append((msg.offset(), attempt))
+                own = self._timeout_of(msg)
+                if own != self.timeout_ms:
+                    batch.timeouts.append((msg.offset(), own))
+            out.append(batch)
+        return out
+
+    @staticmethod
+    def _headers_of(msg: Any) -> hdr.Headers:
+        return [
+            (k if isinstance(k, str) else k.decode("utf-8", "replace"), v)
+            for k, v in (msg.headers() or [])
+        ]
+
+    def _timeout_of(self, msg: Any) -> int:
+        return hdr.timeout_ms(self._headers_of(msg)) or self.timeout_ms
+
+    def _delivery(self, msg: Any) -> Delivery:
+        heads = self._headers_of(msg)
+        return Delivery(self, msg, hdr.attempt(heads), self._timeout_of(msg))
+
+    def _settled(self, _d: Delivery) -> None:
+        with self._lock:
+            self._unsettled -= 1
+
+    def _write(self, marker: m.Settle, d: Delivery) -> None:
+        """Writes a settlement (version 1: the marker it stands for) and waits for it."""
+        if self.marker_format == 1:
+            self._writer.write(_as_v1(marker, d.source), d.topic, d.partition)
+        else:
+            self._writer.write(marker, d.topic, d.partition)
+
+
+def _as_v1(s: m.Settle, source: m.Source) -> m.Marker:
+    if s.ends:
+        return m.End(source)
+    if s.nacks:
+        return m.Nack(source, s.nacks[0][1])
+    if s.rejects:
+        return m.Reject(source, s.rejects[0][1])
+    return m.KeepAlive(source, s.keep_alives[0][1])

@@ -1,0 +1,187 @@
+"""The Python client with the Rust tracker, on the real broker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import Topics, Tracker, binary, produce, read_all, unique
+
+from kafka_redelivery import Delivery, RedeliveryConsumer
+
+WORKER = Path(__file__).resolve().parents[1] / "examples" / "worker.py"
+
+
+def consumer(t: Topics, group: str | None = None, timeout_s: float = 2.0) -> RedeliveryConsumer:
+    return RedeliveryConsumer(
+        t.brokers, group or unique("py-group"), [t.source], t.markers, timeout_s=timeout_s
+    )
+
+
+def take(c: RedeliveryConsumer, n: int, within_s: float = 60.0) -> list[Delivery]:
+    out: list[Delivery] = []
+    deadline = time.monotonic() + within_s
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"only {len(out)} of {n} deliveries came"
+        d = c.poll(0.5)
+        if d is not None:
+            out.append(d)
+    return out
+
+
+def key(d: Delivery) -> str:
+    return (d.key or b"").decode()
+
+
+def test_unsettled_records_come_back_from_the_rust_tracker(
+    topics: Topics, tracker: Tracker
+) -> None:
+    keys = [f"u-{i}" for i in range(10)]
+    produce(topics, keys)
+    c = consumer(topics)
+    first = take(c, 10)
+    assert all(d.attempt == 1 for d in first)
+    for d in first[:5]:
+        d.ack()
+    left = {key(d): d for d in first[5:]}
+    for d in left.values():
+        d.abandon()
+    again = take(c, 5)
+    assert {key(d) for d in again} == set(left)
+    for d in again:
+        assert d.attempt == 2
+        original = left[key(d)].source
+        assert d.original == original, "a copy names the first delivery"
+        d.ack()
+    assert c.poll(3.0) is None, "an acked record came back"
+    c.close()
+
+
+def test_a_python_reject_lands_in_the_dead_letter_topic(topics: Topics, tracker: Tracker) -> None:
+    produce(topics, ["bad"])
+    c = consumer(topics)
+    (d,) = take(c, 1)
+    d.reject("no such customer")
+    (dead,) = read_all(topics.brokers, topics.dlq, 1)
+    heads: dict[str, bytes] = {k: v for k, v in dead.headers()}  # type: ignore[attr-defined]
+    assert heads["kr-dlq-reason"] == b"rejected"
+    assert heads["kr-dlq-detail"] == b"no such customer"
+    c.close()
+
+
+def test_nack_without_a_delay_follows_the_policy_to_the_dead_letter_topic(
+    topics: Topics, tracker: Tracker
+) -> None:
+    produce(topics, ["n"], headers=[("kr-max-deliveries", b"2")])
+    c = consumer(topics)
+    (d,) = take(c, 1)
+    d.nack(0.0)
+    (again,) = take(c, 1)
+    assert again.attempt == 2
+    again.nack()  # the record's limit is 2: this one goes to the dead-letter topic
+    (dead,) = read_all(topics.brokers, topics.dlq, 1)
+    heads: dict[str, bytes] = {k: v for k, v in dead.headers()}  # type: ignore[attr-defined]
+    assert heads["kr-dlq-reason"] == b"rejected"
+    assert b"retry policy allows 2" in heads["kr-dlq-detail"]
+    c.close()
+
+
+def lines(proc: subprocess.Popen[str], into: list[dict[str, Any]]) -> threading.Thread:
+    def read() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            into.append(json.loads(raw))
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t
+
+
+def python_worker(t: Topics, group: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), "--brokers", t.brokers, "--topic", t.source]
+        + ["--markers-topic", t.markers, "--group", group, "--timeout", "3"]
+        + ["-X", "session.timeout.ms=6000", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def test_a_python_worker_killed_with_sigkill_loses_nothing(
+    topics: Topics, tracker: Tracker
+) -> None:
+    keys = [f"k-{i}" for i in range(40)]
+    produce(topics, keys)
+    group = unique("py-workers")
+    seen: list[dict[str, Any]] = []
+    worker = python_worker(topics, group, "--hold", "--log-received", "--max-unsettled", "20")
+    lines(worker, seen)
+    deadline = time.monotonic() + 60
+    while len(seen) < 20:
+        assert time.monotonic() < deadline, f"the worker received only {len(seen)}"
+        time.sleep(0.1)
+    worker.kill()
+    worker.wait()
+    held = {s["key"] for s in seen}
+    c = consumer(topics, group)
+    got: dict[str, list[int]] = {}
+    deadline = time.monotonic() + 90
+    while set(got) != set(keys):
+        assert time.monotonic() < deadline, f"missing {sorted(set(keys) - set(got))[:10]}"
+        d = c.poll(0.5)
+        if d is not None:
+            got.setdefault(key(d), []).append(d.attempt)
+            d.ack()
+    for k in held:
+        assert max(got[k]) >= 2, f"{k} was held by the killed worker but came back as {got[k]}"
+    c.close()
+
+
+def test_a_rust_and_a_python_worker_share_one_group_and_one_tracker(
+    topics: Topics, tracker: Tracker
+) -> None:
+    keys = [f"s-{i}" for i in range(300)]
+    group = unique("mixed")
+    py_lines: list[dict[str, Any]] = []
+    rust_lines: list[dict[str, Any]] = []
+    py = python_worker(topics, group, "--unsettled-rate", "0.1")
+    rust = subprocess.Popen(
+        [str(binary("examples/worker")), "--brokers", topics.brokers, "--topic", topics.source]
+        + ["--markers-topic", topics.markers, "--group", group, "--timeout", "3s"]
+        + ["--unsettled-rate", "0.1", "-X", "session.timeout.ms=6000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    lines(py, py_lines)
+    lines(rust, rust_lines)
+    time.sleep(3)  # both join the group before the records arrive
+    produce(topics, keys)
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            acked = {s["key"] for s in py_lines + rust_lines if s["outcome"] == "ack"}
+            if acked >= set(keys):
+                break
+            # Left unsettled three times in a row: dead-lettered by the tracker, not lost.
+            missing = set(keys) - acked
+            if len(missing) < 10:
+                dead = read_all(topics.brokers, topics.dlq, len(missing), wait_s=1.0)
+                dead_keys = {m.key().decode() for m in dead}  # type: ignore[attr-defined]
+                if missing <= dead_keys:
+                    break
+            assert time.monotonic() < deadline, f"{len(acked)} of {len(keys)} acked"
+            time.sleep(0.5)
+        assert any(s["outcome"] == "ack" for s in py_lines), "the Python worker acked nothing"
+        assert any(s["outcome"] == "ack" for s in rust_lines), "the Rust worker acked nothing"
+    finally:
+        py.kill()
+        rust.kill()
+        py.wait()
+        rust.wait()
