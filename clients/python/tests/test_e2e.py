@@ -62,6 +62,18 @@ def test_unsettled_records_come_back_from_the_rust_tracker(
     c.close()
 
 
+def test_ack_many_settles_a_batch_with_one_marker_per_partition(
+    topics: Topics, tracker: Tracker
+) -> None:
+    produce(topics, [f"b-{i}" for i in range(40)])
+    c = consumer(topics)
+    batch = take(c, 40)
+    c.ack_many(batch)
+    assert c.unsettled == 0
+    assert c.poll(3.0) is None, "an acked record came back"
+    c.close()
+
+
 def test_a_python_reject_lands_in_the_dead_letter_topic(topics: Topics, tracker: Tracker) -> None:
     produce(topics, ["bad"])
     c = consumer(topics)

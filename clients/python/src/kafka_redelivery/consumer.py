@@ -285,6 +285,33 @@ class RedeliveryConsumer:
         self._consumer.close()
         self._writer.producer.flush(10)
 
+    def ack_many(self, deliveries: list[Delivery]) -> None:
+        """Acknowledges many deliveries at once: one Settle marker per source partition, all
+        written together, returning once every one is durable. Far cheaper per record than
+        one ``ack()`` after another, each of which waits for its own marker."""
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        for d in deliveries:
+            if d.settled:
+                raise RedeliveryError(f"{d.source} is already settled")
+        for d in deliveries:
+            d.settled = True
+            self._settled(d)
+            by_partition.setdefault((d.topic, d.partition), []).append(d.offset)
+        writes = []
+        for (topic, partition), offsets in by_partition.items():
+            if self.marker_format == 1:
+                for o in offsets:
+                    writes.append(
+                        self._writer.send(m.End(m.Source(topic, partition, o)), topic, partition)
+                    )
+            else:
+                marker = m.Settle(topic, partition, ends=offsets)
+                writes.append(self._writer.send(marker, topic, partition))
+        self._writer.wait(writes)
+        failed = [w.error for w in writes if w.error is not None]
+        if failed:
+            raise RedeliveryError(f"{len(failed)} End markers not written: {failed[0]}")
+
     def _set_paused(self, pause: bool) -> None:
         if pause == self._paused and not pause:
             return

@@ -1,0 +1,112 @@
+"""The Python client's cost per record next to a plain confluent-kafka consumer.
+
+    python examples/bench.py --brokers 127.0.0.1:39092 --records 50000
+
+Each consumer runs alone on its own preloaded topic (100-byte records, 4 partitions): plain
+(confluent-kafka, auto-commit), ours acking each record with ``ack()`` (each waits for its own
+marker), and ours acking each polled batch with ``ack_many()``. Prints records/s and CPU
+seconds per million records of this process (librdkafka's threads included); no tracker
+runs, since it is not on the consumer's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from kafka_redelivery import Delivery, RedeliveryConsumer
+
+
+def cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def topics(brokers: str, n: int, size: int) -> tuple[str, str]:
+    name = f"pybench-{uuid.uuid4().hex[:8]}"
+    markers = f"{name}.markers"
+    admin = AdminClient({"bootstrap.servers": brokers})
+    new = [
+        NewTopic(name, num_partitions=4),
+        NewTopic(markers, num_partitions=4, config={"message.timestamp.type": "LogAppendTime"}),
+    ]
+    for f in admin.create_topics(new).values():
+        f.result(timeout=30)
+    p = Producer({"bootstrap.servers": brokers, "linger.ms": 5})
+    value = b"x" * size
+    for i in range(n):
+        while True:
+            try:
+                p.produce(name, key=str(i).encode(), value=value)
+                break
+            except BufferError:
+                p.poll(0.05)
+    p.flush(60)
+    return name, markers
+
+
+def plain(brokers: str, topic: str, n: int) -> tuple[float, float]:
+    c = Consumer({"bootstrap.servers": brokers, "group.id": topic, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    got = 0
+    start = c0 = 0.0
+    while got < n:
+        batch = c.consume(num_messages=500, timeout=1.0)
+        if batch and not start:
+            start, c0 = time.monotonic(), cpu()
+        got += sum(1 for m in batch if m.error() is None)
+    took, used = time.monotonic() - start, cpu() - c0
+    c.close()
+    return n / took, used / n * 1e6
+
+
+def ours(brokers: str, topic: str, markers: str, n: int, many: bool) -> tuple[float, float]:
+    c = RedeliveryConsumer(brokers, topic, [topic], markers, max_unsettled=2000, max_batch=500)
+    got = 0
+    start = c0 = 0.0
+    while got < n:
+        batch: list[Delivery] = []
+        d = c.poll(1.0)
+        while d is not None:
+            batch.append(d)
+            d = c.poll(0.0) if len(batch) < 500 else None
+        if batch and not start:
+            start, c0 = time.monotonic(), cpu()
+        if many:
+            c.ack_many(batch)
+        else:
+            for d in batch:
+                d.ack()
+        got += len(batch)
+    took, used = time.monotonic() - start, cpu() - c0
+    c.close()
+    return n / took, used / n * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--brokers", default="127.0.0.1:39092")
+    p.add_argument("--records", type=int, default=50_000)
+    p.add_argument("--size", type=int, default=100)
+    args = p.parse_args()
+    n = args.records
+    t, _ = topics(args.brokers, n, args.size)
+    rate, per = plain(args.brokers, t, n)
+    print(f"plain confluent-kafka    {rate:10.0f} records/s  {per:6.1f} CPU s per million")
+    t, m = topics(args.brokers, n, args.size)
+    rate, per = ours(args.brokers, t, m, n, many=True)
+    print(f"ours, ack_many per batch {rate:10.0f} records/s  {per:6.1f} CPU s per million")
+    small = min(n, 2_000)
+    t, m = topics(args.brokers, small, args.size)
+    rate, per = ours(args.brokers, t, m, small, many=False)
+    print(f"ours, ack() each         {rate:10.0f} records/s  {per:6.1f} CPU s per million")
+
+
+if __name__ == "__main__":
+    main()
