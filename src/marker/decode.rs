@@ -238,14 +238,7 @@ impl<'a> Reader<'a> {
     }
 
     fn source(&mut self) -> Result<SourceRef, DecodeError> {
-        let topic = self.string("topic")?;
-        if topic.is_empty() {
-            return Err(invalid("topic", "\"\""));
-        }
-        let partition = self.i32("partition")?;
-        if partition < 0 {
-            return Err(invalid("partition", partition));
-        }
+        let (topic, partition) = self.source_partition()?;
         let offset = self.i64("offset")?;
         if offset < 0 {
             return Err(invalid("offset", offset));

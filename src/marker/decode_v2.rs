@@ -73,7 +73,8 @@ impl Reader<'_> {
         Err(invalid(field, "varint longer than 10 bytes"))
     }
 
-    fn source_partition(&mut self) -> Result<(String, i32), DecodeError> {
+    /// A topic (not empty) and a partition (not negative): the start of every source.
+    pub(super) fn source_partition(&mut self) -> Result<(String, i32), DecodeError> {
         let topic = self.string("topic")?;
         if topic.is_empty() {
             return Err(invalid("topic", "\"\""));
