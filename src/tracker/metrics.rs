@@ -20,7 +20,8 @@ use crate::marker::{DecodeError, MarkerType, SourceRef};
 use crate::tracker::core::action::DlqReason;
 use crate::tracker::core::state::Oddity;
 
-/// All tracker metrics, registered in their own [`Registry`].
+/// All tracker metrics, registered in their own [`Registry`], in four groups by what they
+/// describe.
 #[derive(Clone)]
 pub struct Metrics {
     /// The registry `/metrics` renders.
@@ -29,34 +30,58 @@ pub struct Metrics {
     pub events: EventBus,
     /// Per-record problems are logged once per kind per interval.
     log_limit: std::sync::Arc<crate::log_limit::LogLimit>,
+    intake: Intake,
+    work: Work,
+    gauges: Gauges,
+    progress: Progress,
+}
+
+/// What the markers consumer reads.
+#[derive(Clone)]
+struct Intake {
     markers: IntCounterVec,
     batched_records: IntCounterVec,
     marker_errors: IntCounterVec,
     odd_markers: IntCounterVec,
     clock_jumps: IntCounterVec,
+    consume_errors: IntCounter,
+}
+
+/// What the redelivery worker does, and what goes wrong.
+#[derive(Clone)]
+struct Work {
+    redelivered: IntCounterVec,
+    dead_lettered: IntCounterVec,
+    deadline_lag: Histogram,
     fenced: IntCounterVec,
+    parked: IntGauge,
+    source_read_errors: IntCounterVec,
+    produce_errors: IntCounterVec,
+    problems: IntCounterVec,
+}
+
+/// The size and readiness of what the tracker holds.
+#[derive(Clone)]
+struct Gauges {
     in_flight: IntGaugeVec,
     oldest_age: IntGaugeVec,
     partition_ready: IntGaugeVec,
     markers_lag: IntGaugeVec,
+    scheduled: IntGaugeVec,
     ready: IntGauge,
     assigned: IntGauge,
-    redelivered: IntCounterVec,
-    dead_lettered: IntCounterVec,
-    deadline_lag: Histogram,
+}
+
+/// Commits, snapshots and schedules: how work becomes durable.
+#[derive(Clone)]
+struct Progress {
     commits: IntCounter,
     commit_failures: IntCounter,
-    source_read_errors: IntCounterVec,
-    produce_errors: IntCounterVec,
-    consume_errors: IntCounter,
-    parked: IntGauge,
-    scheduled: IntGaugeVec,
+    snapshots: IntCounter,
+    snapshot_failures: IntCounter,
     published: IntCounterVec,
     cancelled: IntCounter,
     already_published: IntCounter,
-    snapshots: IntCounter,
-    snapshot_failures: IntCounter,
-    problems: IntCounterVec,
 }
 
 /// Problems that have no counter of their own, by the `kind` label of
@@ -74,20 +99,35 @@ pub const PROBLEMS: [&str; 9] = [
     "published_check_failed",
 ];
 
-fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry
-        .register(Box::new(c.clone()))
+/// Registers `metric` and returns it: the one way a metric gets into the registry.
+fn register<M: prometheus::core::Collector + Clone + 'static>(r: &Registry, metric: M) -> M {
+    r.register(Box::new(metric.clone()))
         .expect("unique metric name");
-    c
+    metric
 }
 
-fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+fn counters(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    register(r, c)
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    register(
+        r,
+        IntCounter::new(name, help).expect("static metric definition"),
+    )
+}
+
+fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry
-        .register(Box::new(g.clone()))
-        .expect("unique metric name");
-    g
+    register(r, g)
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    register(
+        r,
+        IntGauge::new(name, help).expect("static metric definition"),
+    )
 }
 
 impl Default for Metrics {
@@ -96,193 +136,193 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    /// Creates and registers every metric.
-    pub fn new() -> Self {
-        let r = Registry::new();
-        let single = |name: &str, help: &str| {
-            let g = IntGauge::new(name, help).expect("static metric definition");
-            r.register(Box::new(g.clone())).expect("unique metric name");
-            g
-        };
-        let ready = single(
-            "redelivery_ready",
-            "1 when every assigned partition has caught up",
-        );
-        let assigned = single(
-            "redelivery_assigned_partitions",
-            "Markers partitions assigned to this tracker",
-        );
-        let single_counter = |name: &str, help: &str| {
-            let c = IntCounter::new(name, help).expect("static metric definition");
-            r.register(Box::new(c.clone())).expect("unique metric name");
-            c
-        };
-        let parked = single(
-            "redelivery_parked_deliveries",
-            "Due deliveries whose copy every target refused for good; kept in flight and retried",
-        );
-        let cancelled = single_counter(
-            "redelivery_schedules_cancelled_total",
-            "Schedules cancelled (an End read before they were due)",
-        );
-        let already_published = single_counter(
-            "redelivery_schedules_already_published_total",
-            "Due schedules found already published by a previous owner after a takeover, and not published again",
-        );
-        let snapshots = single_counter(
-            "redelivery_snapshots_total",
-            "Partition snapshots written and made durable",
-        );
-        let snapshot_failures = single_counter(
-            "redelivery_snapshot_failures_total",
-            "Snapshots not written, or not restored on assignment (retried)",
-        );
-        let commits = single_counter(
-            "redelivery_commits_total",
-            "Markers offset commits that succeeded",
-        );
-        let commit_failures = single_counter(
-            "redelivery_commit_failures_total",
-            "Markers offset commits that failed (retried on the next interval)",
-        );
-        let consume_errors = single_counter(
-            "redelivery_consume_errors_total",
-            "Errors returned while consuming the markers topic",
-        );
-        let deadline_lag = Histogram::with_opts(
-            HistogramOpts::new(
-                "redelivery_deadline_lag_seconds",
-                "Time from a delivery's deadline to its copy being durable, in partition time",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                60.0,
-            ]),
-        )
-        .expect("static metric definition");
-        r.register(Box::new(deadline_lag.clone()))
-            .expect("unique metric name");
-        let metrics = Metrics {
-            markers: counter(
-                &r,
+impl Intake {
+    fn new(r: &Registry) -> Self {
+        Intake {
+            markers: counters(
+                r,
                 "redelivery_markers_total",
                 "Markers read, by type",
                 &["type"],
             ),
-            batched_records: counter(
-                &r,
+            batched_records: counters(
+                r,
                 "redelivery_batched_records_total",
                 "Records named by version 2 markers (batch Starts and Settles), by marker type",
                 &["type"],
             ),
-            marker_errors: counter(
-                &r,
+            marker_errors: counters(
+                r,
                 "redelivery_marker_errors_total",
                 "Markers records skipped because they could not be decoded, by kind",
                 &["kind"],
             ),
-            odd_markers: counter(
-                &r,
+            odd_markers: counters(
+                r,
                 "redelivery_odd_markers_total",
                 "Markers skipped because they contradict the state, by kind",
                 &["kind"],
             ),
-            in_flight: gauge(
-                &r,
-                "redelivery_in_flight",
-                "Deliveries in flight",
-                &["partition"],
-            ),
-            oldest_age: gauge(
-                &r,
-                "redelivery_oldest_in_flight_age_seconds",
-                "Age of the oldest delivery in flight",
-                &["partition"],
-            ),
-            partition_ready: gauge(
-                &r,
-                "redelivery_partition_ready",
-                "1 once the partition's state has been rebuilt by replay",
-                &["partition"],
-            ),
-            markers_lag: gauge(
-                &r,
-                "redelivery_markers_lag",
-                "Markers written but not yet read by this tracker (from librdkafka statistics)",
-                &["partition"],
-            ),
-            redelivered: counter(
-                &r,
-                "redelivery_redelivered_total",
-                "Copies produced to their source topic, by cause (timeout, nacked)",
-                &["topic", "cause"],
-            ),
-            dead_lettered: counter(
-                &r,
-                "redelivery_dead_lettered_total",
-                "Copies produced to a dead-letter topic, by reason",
-                &["topic", "reason"],
-            ),
-            source_read_errors: counter(
-                &r,
-                "redelivery_source_read_errors_total",
-                "Transient failures reading a source record back (retried)",
-                &["topic"],
-            ),
-            produce_errors: counter(
-                &r,
-                "redelivery_produce_errors_total",
-                "Failed produce attempts, by what was produced (copy, dead_letter, scheduled, end, tick)",
-                &["what"],
-            ),
-            scheduled: gauge(
-                &r,
-                "redelivery_schedules_pending",
-                "Schedules waiting for their due time",
-                &["partition"],
-            ),
-            clock_jumps: counter(
-                &r,
+            clock_jumps: counters(
+                r,
                 "redelivery_clock_jumps_total",
                 "Marker timestamps far ahead of partition time: kind=outlier (ignored, the marker \
                  applied at partition time) or moved (believed after a minute of them)",
                 &["kind"],
             ),
-            fenced: counter(
-                &r,
+            consume_errors: counter(
+                r,
+                "redelivery_consume_errors_total",
+                "Errors returned while consuming the markers topic",
+            ),
+        }
+    }
+}
+
+impl Work {
+    fn new(r: &Registry) -> Self {
+        let lag = HistogramOpts::new(
+            "redelivery_deadline_lag_seconds",
+            "Time from a delivery's deadline to its copy being durable, in partition time",
+        )
+        .buckets(vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ]);
+        let topic_and = |name, help, label| counters(r, name, help, &["topic", label]);
+        Work {
+            redelivered: topic_and(
+                "redelivery_redelivered_total",
+                "Copies produced to their source topic, by cause (timeout, nacked)",
+                "cause",
+            ),
+            dead_lettered: topic_and(
+                "redelivery_dead_lettered_total",
+                "Copies produced to a dead-letter topic, by reason",
+                "reason",
+            ),
+            deadline_lag: register(r, Histogram::with_opts(lag).expect("static metric definition")),
+            fenced: counters(
+                r,
                 "redelivery_fenced_deliveries_total",
                 "Due deliveries the redelivery worker dropped because their markers partition was \
                  revoked (stage=queued, read or parked); the new owner redelivers them",
                 &["stage"],
             ),
-            published: counter(
-                &r,
-                "redelivery_schedules_published_total",
-                "Scheduled records produced to their target topic",
+            parked: gauge(
+                r,
+                "redelivery_parked_deliveries",
+                "Due deliveries whose copy every target refused for good; kept in flight and retried",
+            ),
+            source_read_errors: counters(
+                r,
+                "redelivery_source_read_errors_total",
+                "Transient failures reading a source record back (retried)",
                 &["topic"],
             ),
-            problems: counter(
-                &r,
+            produce_errors: counters(
+                r,
+                "redelivery_produce_errors_total",
+                "Failed produce attempts, by what was produced (copy, dead_letter, scheduled, end, tick)",
+                &["what"],
+            ),
+            problems: counters(
+                r,
                 "redelivery_problems_total",
                 "Problems logged that have no counter of their own, by kind (see PROBLEMS in \
                  src/tracker/metrics.rs)",
                 &["kind"],
             ),
-            registry: r,
+        }
+    }
+}
+
+impl Gauges {
+    fn new(r: &Registry) -> Self {
+        let per_partition = |name, help| gauges(r, name, help, &["partition"]);
+        Gauges {
+            in_flight: per_partition("redelivery_in_flight", "Deliveries in flight"),
+            oldest_age: per_partition(
+                "redelivery_oldest_in_flight_age_seconds",
+                "Age of the oldest delivery in flight",
+            ),
+            partition_ready: per_partition(
+                "redelivery_partition_ready",
+                "1 once the partition's state has been rebuilt by replay",
+            ),
+            markers_lag: per_partition(
+                "redelivery_markers_lag",
+                "Markers written but not yet read by this tracker (from librdkafka statistics)",
+            ),
+            scheduled: per_partition(
+                "redelivery_schedules_pending",
+                "Schedules waiting for their due time",
+            ),
+            ready: gauge(
+                r,
+                "redelivery_ready",
+                "1 when every assigned partition has caught up",
+            ),
+            assigned: gauge(
+                r,
+                "redelivery_assigned_partitions",
+                "Markers partitions assigned to this tracker",
+            ),
+        }
+    }
+}
+
+impl Progress {
+    fn new(r: &Registry) -> Self {
+        Progress {
+            commits: counter(r, "redelivery_commits_total", "Markers offset commits that succeeded"),
+            commit_failures: counter(
+                r,
+                "redelivery_commit_failures_total",
+                "Markers offset commits that failed (retried on the next interval)",
+            ),
+            snapshots: counter(
+                r,
+                "redelivery_snapshots_total",
+                "Partition snapshots written and made durable",
+            ),
+            snapshot_failures: counter(
+                r,
+                "redelivery_snapshot_failures_total",
+                "Snapshots not written, or not restored on assignment (retried)",
+            ),
+            published: counters(
+                r,
+                "redelivery_schedules_published_total",
+                "Scheduled records produced to their target topic",
+                &["topic"],
+            ),
+            cancelled: counter(
+                r,
+                "redelivery_schedules_cancelled_total",
+                "Schedules cancelled (an End read before they were due)",
+            ),
+            already_published: counter(
+                r,
+                "redelivery_schedules_already_published_total",
+                "Due schedules found already published by a previous owner after a takeover, and not published again",
+            ),
+        }
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let metrics = Metrics {
+            intake: Intake::new(&registry),
+            work: Work::new(&registry),
+            gauges: Gauges::new(&registry),
+            progress: Progress::new(&registry),
+            registry,
             events: EventBus::default(),
             log_limit: Default::default(),
-            cancelled,
-            already_published,
-            snapshots,
-            snapshot_failures,
-            ready,
-            assigned,
-            deadline_lag,
-            commits,
-            commit_failures,
-            consume_errors,
-            parked,
         };
         metrics.init_known_labels();
         metrics
@@ -295,23 +335,23 @@ impl Metrics {
             .iter()
             .chain(&["tombstone"])
         {
-            self.marker_errors.with_label_values(&[kind]);
+            self.intake.marker_errors.with_label_values(&[kind]);
         }
         for kind in Oddity::ALL {
-            self.odd_markers.with_label_values(&[kind.name()]);
+            self.intake.odd_markers.with_label_values(&[kind.name()]);
         }
         for what in ["copy", "dead_letter", "scheduled", "end", "tick"] {
-            self.produce_errors.with_label_values(&[what]);
+            self.work.produce_errors.with_label_values(&[what]);
         }
         for kind in PROBLEMS {
-            self.problems.with_label_values(&[kind]);
+            self.work.problems.with_label_values(&[kind]);
         }
     }
 
     /// Counts a problem whose log line the caller writes (`kind`: one of [`PROBLEMS`]).
     pub fn problem(&self, kind: &'static str) {
         debug_assert!(PROBLEMS.contains(&kind), "unknown problem kind {kind}");
-        self.problems.with_label_values(&[kind]).inc();
+        self.work.problems.with_label_values(&[kind]).inc();
     }
 
     /// Renders the Prometheus text format.
@@ -326,12 +366,13 @@ impl Metrics {
 
     /// A marker was read and decoded.
     pub fn marker(&self, kind: MarkerType) {
-        self.markers.with_label_values(&[kind.name()]).inc();
+        self.intake.markers.with_label_values(&[kind.name()]).inc();
     }
 
     /// A version 2 marker named `records` records.
     pub fn batched_records(&self, kind: MarkerType, records: u64) {
-        self.batched_records
+        self.intake
+            .batched_records
             .with_label_values(&[kind.name()])
             .inc_by(records);
     }
@@ -345,7 +386,10 @@ impl Metrics {
     /// A markers record could not be decoded and was skipped. Logged at most once per kind
     /// per 10 s (with the number held back), always counted.
     pub fn marker_error(&self, partition: i32, offset: i64, error: &DecodeError) {
-        self.marker_errors.with_label_values(&[error.kind()]).inc();
+        self.intake
+            .marker_errors
+            .with_label_values(&[error.kind()])
+            .inc();
         if let Some(held_back) = self.log_limit.allow(error.kind(), Instant::now()) {
             tracing::warn!(partition, offset, kind = error.kind(), %error, held_back, "skipping undecodable marker");
         }
@@ -353,7 +397,10 @@ impl Metrics {
 
     /// A markers record had no value. Logged at most once per 10 s, always counted.
     pub fn tombstone(&self, partition: i32, offset: i64) {
-        self.marker_errors.with_label_values(&["tombstone"]).inc();
+        self.intake
+            .marker_errors
+            .with_label_values(&["tombstone"])
+            .inc();
         if let Some(held_back) = self.log_limit.allow("tombstone", Instant::now()) {
             tracing::warn!(
                 partition,
@@ -374,13 +421,19 @@ impl Metrics {
     ) {
         let source = source.map(ToString::to_string).unwrap_or_default();
         tracing::debug!(partition, offset, kind = oddity.name(), %source, "marker does not match the state");
-        self.odd_markers.with_label_values(&[oddity.name()]).inc();
+        self.intake
+            .odd_markers
+            .with_label_values(&[oddity.name()])
+            .inc();
     }
 
     /// A marker timestamp too far ahead of partition time: it did not move the clock and the
     /// marker was applied at partition time. Logged at most once per 10 s, always counted.
     pub fn clock_outlier(&self, partition: i32, offset: i64, ahead_ms: i64) {
-        self.clock_jumps.with_label_values(&["outlier"]).inc();
+        self.intake
+            .clock_jumps
+            .with_label_values(&["outlier"])
+            .inc();
         if let Some(held_back) = self.log_limit.allow("clock_outlier", Instant::now()) {
             tracing::warn!(
                 partition,
@@ -395,7 +448,7 @@ impl Metrics {
 
     /// Marker timestamps stayed far ahead long enough to be believed: partition time jumped.
     pub fn clock_moved(&self, partition: i32, offset: i64, from_ms: i64, to_ms: i64) {
-        self.clock_jumps.with_label_values(&["moved"]).inc();
+        self.intake.clock_jumps.with_label_values(&["moved"]).inc();
         tracing::warn!(
             partition,
             offset,
@@ -408,7 +461,8 @@ impl Metrics {
     /// The redelivery worker dropped `n` due deliveries (`stage`: queued, read or parked)
     /// because their markers partition was revoked; its new owner redelivers them.
     pub fn fenced(&self, n: usize, stage: &'static str) {
-        self.fenced
+        self.work
+            .fenced
             .with_label_values(&[stage])
             .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
         tracing::info!(
@@ -420,7 +474,7 @@ impl Metrics {
 
     /// Consuming the markers topic returned an error. Logged at most once per 10 s.
     pub fn consume_error(&self, error: &rdkafka::error::KafkaError) {
-        self.consume_errors.inc();
+        self.intake.consume_errors.inc();
         if let Some(held_back) = self.log_limit.allow("consume_error", Instant::now()) {
             tracing::warn!(%error, held_back, "error consuming the markers topic");
         }
@@ -429,7 +483,8 @@ impl Metrics {
     /// A copy reached its source topic.
     pub fn redelivered(&self, source: &SourceRef, cause: &str, attempt: u32) {
         tracing::debug!(%source, cause, attempt, "redelivered");
-        self.redelivered
+        self.work
+            .redelivered
             .with_label_values(&[&source.topic, cause])
             .inc();
         self.events
@@ -446,7 +501,8 @@ impl Metrics {
         detail: &str,
     ) {
         tracing::info!(%source, dlq, reason = reason.name(), detail, "dead-lettered");
-        self.dead_lettered
+        self.work
+            .dead_lettered
             .with_label_values(&[&source.topic, reason.name()])
             .inc();
         self.events.emit(|| {
@@ -458,7 +514,7 @@ impl Metrics {
     /// A due schedule's record reached its target topic.
     pub fn published(&self, id: &SourceRef, target: &str) {
         tracing::debug!(schedule = %id, target, "scheduled record published");
-        self.published.with_label_values(&[target]).inc();
+        self.progress.published.with_label_values(&[target]).inc();
         self.events
             .emit(|| Event::new(EventKind::Ready, id.clone(), 0).detail(target));
     }
@@ -466,7 +522,7 @@ impl Metrics {
     /// A due schedule was found already published by the partition's previous owner.
     pub fn already_published(&self, id: &SourceRef, target: &str) {
         tracing::info!(schedule = %id, target, "already published by the previous owner; not publishing again");
-        self.already_published.inc();
+        self.progress.already_published.inc();
     }
 
     /// Whether a previous owner published some schedules could not be checked.
@@ -483,13 +539,13 @@ impl Metrics {
     /// A snapshot could not be written; the partition keeps its older one (or none).
     pub fn snapshot_failed(&self, partition: i32, why: &str) {
         tracing::warn!(partition, why, "snapshot not written; will try again later");
-        self.snapshot_failures.inc();
+        self.progress.snapshot_failures.inc();
     }
 
     /// A snapshot is durable; the next commit names it.
     pub fn snapshot_written(&self, partition: i32, covers: i64, took: std::time::Duration) {
         tracing::info!(partition, covers, took = ?took, "snapshot written");
-        self.snapshots.inc();
+        self.progress.snapshots.inc();
     }
 
     /// A partition could not be restored from its snapshot yet; it stays paused.
@@ -499,20 +555,20 @@ impl Metrics {
             why,
             "cannot restore the partition's snapshot; it stays paused and unready, retrying"
         );
-        self.snapshot_failures.inc();
+        self.progress.snapshot_failures.inc();
     }
 
     /// A schedule was cancelled before it was due.
     pub fn cancelled(&self, id: &SourceRef) {
         tracing::debug!(schedule = %id, "schedule cancelled");
-        self.cancelled.inc();
+        self.progress.cancelled.inc();
         self.events
             .emit(|| Event::new(EventKind::Cancelled, id.clone(), 0));
     }
 
     /// How late, in seconds, a copy was made durable after its deadline.
     pub fn deadline_lag(&self, seconds: f64) {
-        self.deadline_lag.observe(seconds.max(0.0));
+        self.work.deadline_lag.observe(seconds.max(0.0));
     }
 
     /// Reading a source record failed in a way that may pass.
@@ -521,7 +577,8 @@ impl Metrics {
         if let Some(held_back) = self.log_limit.allow("source_read_error", Instant::now()) {
             tracing::warn!(%source, %error, held_back, "could not read the source record; will retry");
         }
-        self.source_read_errors
+        self.work
+            .source_read_errors
             .with_label_values(&[&source.topic])
             .inc();
     }
@@ -531,13 +588,13 @@ impl Metrics {
         if let Some(held_back) = self.log_limit.allow("produce_error", Instant::now()) {
             tracing::warn!(what, target, %error, held_back, "produce failed; will retry");
         }
-        self.produce_errors.with_label_values(&[what]).inc();
+        self.work.produce_errors.with_label_values(&[what]).inc();
     }
 
     /// The broker refused a record for good; the caller sends it elsewhere or parks it.
     pub fn produce_refused(&self, what: &str, target: &str, error: &dyn std::fmt::Display) {
         tracing::error!(what, target, %error, "the broker refused the record; it will not be retried as is");
-        self.produce_errors.with_label_values(&[what]).inc();
+        self.work.produce_errors.with_label_values(&[what]).inc();
     }
 
     /// A due delivery could be placed nowhere; it stays in flight and is tried again later.
@@ -554,16 +611,16 @@ impl Metrics {
 
     /// Sets the number of parked deliveries.
     pub fn parked(&self, n: usize) {
-        self.parked.set(n as i64);
+        self.work.parked.set(n as i64);
     }
 
     /// A commit of markers offsets finished.
     pub fn commit(&self, result: &Result<(), rdkafka::error::KafkaError>) {
         match result {
-            Ok(()) => self.commits.inc(),
+            Ok(()) => self.progress.commits.inc(),
             Err(error) => {
                 tracing::warn!(%error, "committing markers offsets failed");
-                self.commit_failures.inc();
+                self.progress.commit_failures.inc();
             }
         }
     }
@@ -578,23 +635,28 @@ impl Metrics {
         ready: bool,
     ) {
         let p = partition.to_string();
-        self.scheduled
+        self.gauges
+            .scheduled
             .with_label_values(&[&p])
             .set(scheduled as i64);
-        self.in_flight
+        self.gauges
+            .in_flight
             .with_label_values(&[&p])
             .set(in_flight as i64);
-        self.oldest_age
+        self.gauges
+            .oldest_age
             .with_label_values(&[&p])
             .set(oldest_age_ms / 1000);
-        self.partition_ready
+        self.gauges
+            .partition_ready
             .with_label_values(&[&p])
             .set(i64::from(ready));
     }
 
     /// Publishes the markers lag of one partition.
     pub fn markers_lag(&self, partition: i32, lag: i64) {
-        self.markers_lag
+        self.gauges
+            .markers_lag
             .with_label_values(&[&partition.to_string()])
             .set(lag);
     }
@@ -602,16 +664,16 @@ impl Metrics {
     /// Drops the series of a partition this tracker no longer owns.
     pub fn forget_partition(&self, partition: i32) {
         let p = partition.to_string();
-        let _ = self.in_flight.remove_label_values(&[&p]);
-        let _ = self.scheduled.remove_label_values(&[&p]);
-        let _ = self.oldest_age.remove_label_values(&[&p]);
-        let _ = self.partition_ready.remove_label_values(&[&p]);
-        let _ = self.markers_lag.remove_label_values(&[&p]);
+        let _ = self.gauges.in_flight.remove_label_values(&[&p]);
+        let _ = self.gauges.scheduled.remove_label_values(&[&p]);
+        let _ = self.gauges.oldest_age.remove_label_values(&[&p]);
+        let _ = self.gauges.partition_ready.remove_label_values(&[&p]);
+        let _ = self.gauges.markers_lag.remove_label_values(&[&p]);
     }
 
     /// Publishes overall readiness and the number of assigned partitions.
     pub fn readiness(&self, ready: bool, assigned: usize) {
-        self.ready.set(i64::from(ready));
-        self.assigned.set(assigned as i64);
+        self.gauges.ready.set(i64::from(ready));
+        self.gauges.assigned.set(assigned as i64);
     }
 }
