@@ -60,14 +60,7 @@ impl MarkerWriter {
     /// Queues a marker; the result, shareable among waiters, resolves when it is durable.
     pub(crate) fn write(&self, marker: &Marker) -> Written {
         match self.send(marker) {
-            Ok(future) => future
-                .map(|r| match r {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err((e, _))) => Err(e),
-                    Err(_) => Err(KafkaError::Canceled),
-                })
-                .boxed()
-                .shared(),
+            Ok(future) => durable(future).boxed().shared(),
             Err(e) => futures::future::ready(Err(e)).boxed().shared(),
         }
     }
@@ -159,14 +152,7 @@ impl Settler {
                 if matches!(marker, Marker::End { .. }) {
                     crate::failpoint::hit("after-end-sent");
                 }
-                async move {
-                    match sent?.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err((e, _))) => Err(e),
-                        Err(_) => Err(KafkaError::Canceled),
-                    }
-                }
-                .boxed()
+                async move { durable(sent?).await }.boxed()
             }
         }
     }
@@ -223,6 +209,15 @@ impl Settler {
             return;
         };
         let _ = self.room.1.wait_timeout(guard, limit);
+    }
+}
+
+/// A delivery report as "durable or why not".
+async fn durable(sent: DeliveryFuture) -> Result<(), KafkaError> {
+    match sent.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) => Err(e),
+        Err(_) => Err(KafkaError::Canceled),
     }
 }
 

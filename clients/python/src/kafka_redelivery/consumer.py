@@ -102,10 +102,7 @@ class Delivery:
         self.offset: int = msg.offset()
         self.key: bytes | None = msg.key()
         self.value: bytes | None = msg.value()
-        raw = msg.headers() or []
-        self.headers: hdr.Headers = [
-            (k if isinstance(k, str) else k.decode("utf-8", "replace"), v) for k, v in raw
-        ]
+        self.headers: hdr.Headers = hdr.of_message(msg)
         self.attempt = attempt
         self.timeout_ms = timeout_ms
         self.original: m.Source | None = hdr.original(self.headers)
@@ -400,10 +397,7 @@ class RedeliveryConsumer:
 
     @staticmethod
     def _headers_of(msg: Any) -> hdr.Headers:
-        return [
-            (k if isinstance(k, str) else k.decode("utf-8", "replace"), v)
-            for k, v in (msg.headers() or [])
-        ]
+        return hdr.of_message(msg)
 
     def _timeout_of(self, msg: Any) -> int:
         return hdr.timeout_ms(self._headers_of(msg)) or self.timeout_ms

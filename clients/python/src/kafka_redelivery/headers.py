@@ -6,6 +6,8 @@ range is clamped.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .markers import Source
 from .retry import MAX_ATTEMPT
 
@@ -13,6 +15,14 @@ Headers = list[tuple[str, bytes | None]]
 
 MIN_TIMEOUT_MS = 1_000
 MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+
+
+def of_message(msg: Any) -> Headers:
+    """A confluent-kafka message's headers, names as text."""
+    return [
+        (k if isinstance(k, str) else k.decode("utf-8", "replace"), v)
+        for k, v in (msg.headers() or [])
+    ]
 
 
 def value(headers: Headers, name: str) -> bytes | None:
