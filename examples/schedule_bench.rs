@@ -11,7 +11,7 @@
 //! Every run creates its own topics (unique names), so runs never see each other's records.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
 use kafka_redelivery::client::{ScheduledRecord, Scheduler, SchedulerConfig};
@@ -22,13 +22,10 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-/// Topic creation and /proc readings, shared with the benchmark suite (whose other helpers
-/// this benchmark does not use).
-#[path = "bench_suite/kafka.rs"]
-#[allow(dead_code)]
-mod kafka;
-
-use kafka::{create, unique};
+use redelivery_testkit::clock::now_ms;
+use redelivery_testkit::kafka::{client, create_topic};
+use redelivery_testkit::metrics::{metric_sum, metric_value as metric};
+use redelivery_testkit::names::unique;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -83,17 +80,11 @@ async fn main() -> Result<(), Error> {
     }
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 /// A new topic named `{prefix}-{random}` whose timestamps are the broker's append times.
 async fn append_time_topic(brokers: &str, prefix: &str, partitions: i32) -> Result<String, Error> {
     let name = unique(prefix);
-    create(
-        brokers,
+    create_topic(
+        &client(brokers),
         &name,
         partitions,
         &[("message.timestamp.type", "LogAppendTime")],
@@ -238,8 +229,8 @@ async fn precision(brokers: &str, n: usize, span: Duration, partitions: i32) -> 
 async fn restart(brokers: &str, pending: usize, partitions: i32) -> Result<(), Error> {
     let markers = append_time_topic(brokers, "bench.markers", partitions).await?;
     let snapshots = format!("{markers}.snapshots");
-    create(
-        brokers,
+    create_topic(
+        &client(brokers),
         &snapshots,
         partitions,
         &[
@@ -348,20 +339,10 @@ async fn restart(brokers: &str, pending: usize, partitions: i32) -> Result<(), E
     Ok(())
 }
 
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// Resident set size of this process.
 fn resident_bytes() -> usize {
-    usize::try_from(kafka::resident_bytes(std::process::id())).unwrap_or(usize::MAX)
+    usize::try_from(redelivery_testkit::process::resident_bytes(
+        std::process::id(),
+    ))
+    .unwrap_or(usize::MAX)
 }

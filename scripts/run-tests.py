@@ -59,7 +59,8 @@ def build(cargo_args):
         target = msg["target"]
         name = target["name"]
         if "lib" in target["kind"]:
-            name = "lib"
+            # The crate's own unit tests are "lib"; a workspace member's, "lib <name>".
+            name = "lib" if name == "kafka_redelivery" else f"lib {name}"
         elif "bin" in target["kind"]:
             name = "bin " + name
         binaries.append((name, msg["executable"]))

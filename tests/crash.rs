@@ -6,7 +6,7 @@ mod common;
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::*;
 use kafka_redelivery::client::RedeliveryConsumer;
@@ -16,13 +16,6 @@ use rdkafka::message::Message;
 fn kill9(child: &mut Child) {
     child.kill().unwrap(); // SIGKILL on Unix
     child.wait().unwrap();
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 fn key_of(d: &kafka_redelivery::client::Delivery) -> String {

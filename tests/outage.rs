@@ -42,7 +42,7 @@ async fn a_tracker_started_before_its_broker_waits_unready_then_works() {
     // Nothing listens on this port until the proxy opens it.
     let port = free_port();
     let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("late.log"));
-    let admin = AdminAddr::new();
+    let admin = admin_addr();
     let mut tracker = ChildGuard(
         std::process::Command::new(tracker_bin())
             .args(["run", "--brokers", &format!("127.0.0.1:{port}")])

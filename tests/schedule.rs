@@ -12,13 +12,6 @@ use kafka_redelivery::client::{
 use kafka_redelivery::headers;
 use rdkafka::message::{Headers, Message};
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 async fn scheduler(t: &Topics) -> Scheduler {
     let config = SchedulerConfig::new(brokers(), &t.markers);
     Scheduler::new(config).await.expect("scheduler")

@@ -172,7 +172,7 @@ async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
 
     let wrong = "wrong-Pa55-never-shown";
     let started = Instant::now();
-    let out = tracker_run(&cluster, &t, &tg, wrong, &AdminAddr::new())
+    let out = tracker_run(&cluster, &t, &tg, wrong, &admin_addr())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -190,7 +190,7 @@ async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
     assert!(!stderr.contains(wrong), "the password was logged: {stderr}");
 
     // --help with the secret in the environment.
-    let help = tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, &AdminAddr::new())
+    let help = tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, &admin_addr())
         .arg("--help")
         .output()
         .unwrap();
@@ -202,7 +202,7 @@ async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
     );
 
     // A working tracker at debug level: logs, /metrics and /inspect.
-    let admin = AdminAddr::new();
+    let admin = admin_addr();
     let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("secure.log"));
     let mut running = ChildGuard(
         tracker_run(&cluster, &t, &tg, TRACKER_PASSWORD, &admin)

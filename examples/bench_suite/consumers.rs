@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use kafka_redelivery::client::{ConsumerConfig, MarkerFormat, RedeliveryConsumer};
@@ -14,6 +14,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use super::kafka::{client, create, unique, Topics, PARTITIONS};
 use super::share;
 use super::Error;
+use redelivery_testkit::clock::now_ms_f64 as now_ms;
 
 /// Which consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
@@ -80,12 +81,6 @@ pub type Target = Arc<AtomicUsize>;
 
 /// How many records a running consumer has handed out so far.
 pub type Seen = Arc<AtomicUsize>;
-
-fn now_ms() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-}
 
 fn latency_of(m: &BorrowedMessage<'_>) -> f64 {
     m.timestamp()

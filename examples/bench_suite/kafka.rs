@@ -3,42 +3,26 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::ClientConfig;
 
 use super::Error;
 
 /// Source partitions in every scenario.
 pub const PARTITIONS: i32 = 8;
 
-pub fn client(brokers: &str) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers);
-    c
-}
+pub use redelivery_testkit::kafka::client;
+pub use redelivery_testkit::names::unique;
+pub use redelivery_testkit::process::{cpu_seconds, resident_bytes};
 
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{:08x}", rand::random::<u32>())
-}
-
+/// Creates a topic and waits until every partition of it is in the metadata.
 pub async fn create(
     brokers: &str,
     name: &str,
     partitions: i32,
     config: &[(&str, &str)],
 ) -> Result<(), Error> {
-    let admin: AdminClient<DefaultClientContext> = client(brokers).create()?;
-    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-    for (k, v) in config {
-        topic = topic.set(k, v);
-    }
-    for r in admin.create_topics(&[topic], &AdminOptions::new()).await? {
-        r.map_err(|(t, e)| format!("creating {t}: {e}"))?;
-    }
-    Ok(())
+    redelivery_testkit::kafka::create_topic(&client(brokers), name, partitions, config).await
 }
 
 /// A source topic, its markers topic and its dead-letter topic, all new.
@@ -80,11 +64,8 @@ impl Topics {
 /// loads) does not fill the broker's disk. Missing topics and failures are ignored: the
 /// broker is wiped at its next fresh start anyway.
 pub async fn drop_topics(brokers: &str, names: &[String]) {
-    let Ok(admin) = client(brokers).create::<AdminClient<DefaultClientContext>>() else {
-        return;
-    };
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let _ = admin.delete_topics(&names, &AdminOptions::new()).await;
+    let _ = redelivery_testkit::kafka::delete_topics(&client(brokers), &names).await;
 }
 
 fn producer(brokers: &str) -> Result<FutureProducer, Error> {
@@ -181,34 +162,4 @@ pub fn broker_pid() -> Option<u32> {
     std::path::Path::new(&format!("/proc/{pid}"))
         .exists()
         .then_some(pid)
-}
-
-/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
-pub fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// Resident set of a process in bytes, from `/proc/<pid>/status`.
-pub fn resident_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }

@@ -1,12 +1,14 @@
 //! The tracker as its own process (so its CPU and memory are its own), and the "tracker alone"
 //! scenario: markers applied per second, memory per delivery in flight, restart-to-ready.
 
-use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kafka_redelivery::marker::{encode, markers_partition, Marker, SourceRef};
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use redelivery_testkit::admin::{http_get, wait_ready, AdminAddr};
+use redelivery_testkit::metrics::{bucket_quantile, histogram_buckets};
+use redelivery_testkit::process::stop_within;
 
 use super::kafka::{client, cpu_seconds, create, drop_topics, resident_bytes, unique, PARTITIONS};
 use super::Error;
@@ -24,35 +26,6 @@ impl Drop for TrackerProcess {
     }
 }
 
-/// The tracker binary built next to this example (`target/<profile>/redelivery-tracker`).
-fn binary() -> Result<std::path::PathBuf, Error> {
-    let me = std::env::current_exe()?;
-    let dir = me
-        .parent()
-        .and_then(|examples| examples.parent())
-        .ok_or("cannot locate the target directory")?;
-    let bin = dir.join("redelivery-tracker");
-    if !bin.exists() {
-        return Err(format!(
-            "{} is missing: build it with `cargo build --release --all-features --bins`",
-            bin.display()
-        )
-        .into());
-    }
-    Ok(bin)
-}
-
-fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let status = out.split(' ').nth(1)?.parse().ok()?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
-}
-
 impl TrackerProcess {
     /// Starts a tracker for `markers` and returns once it is ready, with the time that took.
     pub fn start(brokers: &str, markers: &str, group: &str) -> Result<(Self, Duration), Error> {
@@ -68,8 +41,7 @@ impl TrackerProcess {
         group: &str,
         extra: &[&str],
     ) -> Result<(Self, Duration), Error> {
-        let address_file = std::env::temp_dir().join(format!("{group}.admin-addr"));
-        let _ = std::fs::remove_file(&address_file);
+        let admin = AdminAddr::new_in(&std::env::temp_dir().join("bench-admin"))?;
         // BENCH_TRACKER_LOGS=DIR keeps each tracker's debug log there (for profiling a run).
         let log = match std::env::var_os("BENCH_TRACKER_LOGS") {
             Some(dir) => Some(std::fs::File::create(
@@ -78,11 +50,10 @@ impl TrackerProcess {
             None => None,
         };
         let started = Instant::now();
-        let mut child = Command::new(binary()?)
+        let mut child = Command::new(redelivery_testkit::bins::binary("redelivery-tracker")?)
             .args(["run", "--brokers", brokers, "--markers-topic", markers])
-            .args(["--group-id", group, "--admin-listen", "127.0.0.1:0"])
-            .arg("--admin-address-file")
-            .arg(&address_file)
+            .args(["--group-id", group])
+            .args(admin.args())
             .args(["--commit-interval", "1s", "--max-deliveries", "100"])
             .args(extra)
             .env(
@@ -97,42 +68,27 @@ impl TrackerProcess {
             // Warnings and errors go where the suite's own stderr goes.
             .stderr(log.map_or_else(Stdio::inherit, Stdio::from))
             .spawn()?;
-        let admin = loop {
-            if let Ok(a) = std::fs::read_to_string(&address_file) {
-                let _ = std::fs::remove_file(&address_file);
-                break a;
+        let limit = Duration::from_secs(600);
+        let ready = admin
+            .wait(Some(&mut child), limit)
+            .map(str::to_string)
+            .and_then(|a| wait_ready(&a, Some(&mut child), limit).map(|()| a));
+        let admin = match ready {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
             }
-            if let Some(status) = child.try_wait()? {
-                return Err(format!("the tracker exited at start-up ({status})").into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
         };
-        let mut t = TrackerProcess { child, admin };
-        while http_get(&t.admin, "/readyz").map(|r| r.0) != Some(200) {
-            if let Some(status) = t.child.try_wait()? {
-                return Err(format!("the tracker exited before it was ready ({status})").into());
-            }
-            if started.elapsed() > Duration::from_secs(600) {
-                return Err("the tracker was not ready within 10 minutes".into());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let t = TrackerProcess { child, admin };
         Ok((t, started.elapsed()))
     }
 
     /// Stops it with SIGTERM, so it commits and leaves its group at once (a killed member
     /// holds its partitions until its session times out).
     pub fn stop(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        stop_within(&mut self.child, Duration::from_secs(30));
     }
 
     pub fn cpu_seconds(&self) -> f64 {
@@ -150,31 +106,9 @@ impl TrackerProcess {
     }
 }
 
-/// Deadline-to-redelivery quantile `q` in ms, from the tracker's histogram: the upper bound
-/// of the bucket holding it (the histogram's resolution).
+/// The tracker's deadline-to-redelivery histogram, summed over `metrics`.
 fn lag_buckets(metrics: &[String]) -> Vec<(f64, f64)> {
-    let mut sum: Vec<(f64, f64)> = Vec::new();
-    for text in metrics {
-        let buckets = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("redelivery_deadline_lag_seconds_bucket{le=\""))
-            .filter_map(|rest| {
-                let (le, count) = rest.split_once("\"} ")?;
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().ok()?
-                };
-                Some((le, count.trim().parse::<f64>().ok()?))
-            });
-        for (i, (le, count)) in buckets.enumerate() {
-            match sum.get_mut(i) {
-                Some(b) => b.1 += count,
-                None => sum.push((le, count)),
-            }
-        }
-    }
-    sum
+    histogram_buckets(metrics, "redelivery_deadline_lag_seconds")
 }
 
 /// How many lags the tracker's histograms in `metrics` recorded, summed.
@@ -185,15 +119,7 @@ pub fn lag_count(metrics: &[String]) -> f64 {
 /// The deadline-to-redelivery lag at quantile `q` in ms, from the tracker histograms in
 /// `metrics` (summed): the upper bound of the bucket that holds it.
 pub fn lag_quantile_ms(metrics: &[String], q: f64) -> Option<f64> {
-    let buckets = lag_buckets(metrics);
-    let total = buckets.last()?.1;
-    if total == 0.0 {
-        return None;
-    }
-    buckets
-        .iter()
-        .find(|(_, count)| *count >= q * total)
-        .map(|(le, _)| le * 1000.0)
+    bucket_quantile(&lag_buckets(metrics), q).map(|le| le * 1000.0)
 }
 
 /// Writes `n` Start markers (and, with `ended`, their Ends) for records of one source topic.

@@ -12,7 +12,8 @@
 //!   Ends, scheduled records, the after-takeover published check.
 //! - `snapshot`: bounded replay: the snapshot format, where it is stored, when it is taken,
 //!   and the restore thread.
-//! - [`inspect`]: the read-only view behind `/inspect`; [`metrics`]: every metric.
+//! - [`inspect`]: the read-only view behind `/inspect`; [`metrics`]: every metric, and one
+//!   event type per thing the tracker reports (it logs and counts).
 //! - [`service`]: [`Tracker`], which wires them together and stops gracefully.
 
 pub(crate) mod core;

@@ -128,6 +128,7 @@ impl Tracker {
                 // wrote, and replaying without it would forget what only it holds.
                 Restorer::start(
                     self.config.clone(),
+                    self.metrics.clone(),
                     self.config.snapshots_topic.clone(),
                     stop_consumer.clone(),
                 )?,

@@ -7,8 +7,6 @@ use std::time::{Duration, Instant};
 
 use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
 use kafka_redelivery::tracker::TrackerConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -141,48 +139,18 @@ impl Cluster {
         c
     }
 
-    fn admin(&self) -> AdminClient<DefaultClientContext> {
-        self.client().create().unwrap()
-    }
-
     /// Creates a topic and waits until its metadata is visible.
     pub async fn create_topic(&self, name: &str, partitions: i32, config: &[(&str, &str)]) {
-        let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        for (k, v) in config {
-            topic = topic.set(k, v);
-        }
-        let result = self
-            .admin()
-            .create_topics(&[topic], &AdminOptions::new())
+        redelivery_testkit::kafka::create_topic(&self.client(), name, partitions, config)
             .await
-            .unwrap();
-        result.into_iter().next().unwrap().expect("topic created");
-        let probe: BaseConsumer = self.client().create().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let md = probe.fetch_metadata(Some(name), Duration::from_secs(5));
-            if let Ok(md) = md {
-                if md.topics().iter().any(|t| {
-                    t.name() == name
-                        && t.error().is_none()
-                        && t.partitions().len() == partitions as usize
-                }) {
-                    return;
-                }
-            }
-            assert!(Instant::now() < deadline, "topic {name} never appeared");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            .expect("topic created");
     }
 
     /// Deletes a topic.
     pub async fn delete_topic(&self, name: &str) {
-        let r = self
-            .admin()
-            .delete_topics(&[name], &AdminOptions::new())
+        redelivery_testkit::kafka::delete_topics(&self.client(), &[name])
             .await
-            .unwrap();
-        r.into_iter().next().unwrap().expect("topic deleted");
+            .expect("topic deleted");
     }
 
     /// Creates a source topic, a markers topic (LogAppendTime) and its dead-letter topic.
@@ -339,7 +307,7 @@ impl Cluster {
         group: &str,
         max_deliveries: u32,
     ) -> (Command, AdminAddr) {
-        let admin = AdminAddr::new();
+        let admin = super::admin_addr();
         let mut c = Command::new(tracker_bin());
         c.args([
             "run",

@@ -3,10 +3,10 @@
 //! Every test gets fresh topics and groups with random names, so tests run in parallel on one
 //! broker and never see each other's records. There is no skipping: if the broker cannot be
 //! started, the test fails.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(dead_code, unused_imports, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,11 @@ use rdkafka::producer::FutureProducer;
 
 mod cluster;
 pub use cluster::Cluster;
+pub use redelivery_testkit::admin::{http_get, AdminAddr};
+pub use redelivery_testkit::clock::now_ms;
+pub use redelivery_testkit::metrics::{metric_sum, metric_value};
+pub use redelivery_testkit::names::unique;
+pub use redelivery_testkit::process::ChildGuard;
 
 /// The broker's bootstrap address; starts the broker on first use.
 pub fn brokers() -> String {
@@ -42,11 +47,6 @@ pub fn brokers() -> String {
             .to_string()
     })
     .clone()
-}
-
-/// A name no other test uses.
-pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", rand::random::<u64>())
 }
 
 /// Creates a topic on the shared broker and waits until its metadata is visible.
@@ -186,33 +186,6 @@ impl TrackerGuard {
     }
 }
 
-/// The sum of every series of metric family `name` (all label sets); 0 when it has none.
-pub fn metric_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(name)?;
-            let value = match rest.chars().next()? {
-                '{' => rest.rsplit_once('}')?.1,
-                ' ' => rest,
-                _ => return None,
-            };
-            value.trim().parse::<f64>().ok()
-        })
-        .sum()
-}
-
-/// The value of `series` (e.g. `redelivery_marker_errors_total{kind="empty"}`) in a Prometheus
-/// text exposition; 0 when absent.
-pub fn metric_value(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or(0.0)
-}
-
 /// A client-library consumer of the test's source topic, in a fresh group.
 pub async fn consumer(
     t: &Topics,
@@ -269,30 +242,6 @@ pub fn example_bin(name: &str) -> std::path::PathBuf {
     p
 }
 
-/// A child process that is killed when the test lets go of it, so a failing test leaves no
-/// tracker running behind it.
-pub struct ChildGuard(pub Child);
-
-impl std::ops::Deref for ChildGuard {
-    type Target = Child;
-    fn deref(&self) -> &Child {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for ChildGuard {
-    fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The example worker, set up for the test's topics and `group`; add switches and spawn it.
 pub fn worker_command(t: &Topics, group: &str) -> Command {
     Cluster::shared().worker_command(t, group)
@@ -312,72 +261,17 @@ pub fn log_file(name: &str) -> std::fs::File {
 
 /// Sends SIGTERM to a child process, as an orchestrator stopping it would.
 pub fn sigterm(child: &std::process::Child) {
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill could not be run");
-    assert!(status.success(), "kill -TERM failed");
+    redelivery_testkit::process::signal(child.id(), "TERM").expect("kill -TERM");
 }
 
-/// The admin address of a tracker process started with `--admin-listen 127.0.0.1:0`: read
-/// back from its `--admin-address-file` the first time it is used, so no port is picked
-/// before the tracker binds it (a port picked free and handed over can be taken meanwhile).
-pub struct AdminAddr {
-    file: std::path::PathBuf,
-    addr: std::sync::OnceLock<String>,
+/// A new admin address file for a tracker process, under the test target directory.
+pub fn admin_addr() -> AdminAddr {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin");
+    AdminAddr::new_in(&dir).expect("admin address folder")
 }
 
-impl AdminAddr {
-    /// An address the tracker will write to a new file; pass [`Self::args`] to it.
-    pub fn new() -> Self {
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin");
-        std::fs::create_dir_all(&dir).unwrap();
-        AdminAddr {
-            file: dir.join(format!("{}.addr", rand::random::<u64>())),
-            addr: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The tracker flags that bind port 0 and write the bound address.
-    pub fn args(&self) -> [String; 4] {
-        [
-            "--admin-listen".into(),
-            "127.0.0.1:0".into(),
-            "--admin-address-file".into(),
-            self.file.display().to_string(),
-        ]
-    }
-}
-
-impl std::ops::Deref for AdminAddr {
-    type Target = str;
-
-    /// Waits (up to a minute) for the tracker to have bound its admin server.
-    fn deref(&self) -> &str {
-        self.addr.get_or_init(|| {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                if let Ok(a) = std::fs::read_to_string(&self.file) {
-                    let _ = std::fs::remove_file(&self.file);
-                    return a;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "the tracker never wrote its admin address to {}",
-                    self.file.display()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for AdminAddr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self)
-    }
-}
-
+/// A port free at the time of asking, for programs that cannot report the port they bound
+/// (Prometheus) and for "nothing listens here yet". Our own tracker binds port 0 instead.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -386,40 +280,15 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// GETs `path` from an admin server; returns (status, body).
-pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        // HTTP/1.0, so the body comes back whole, never chunked.
-        "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n"
-    )
-    .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let status = buf.split(' ').nth(1)?.parse().ok()?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
-}
-
 /// Waits until the tracker process at `admin` answers /readyz with 200.
 pub async fn wait_ready_http(admin: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some((200, _)) = http_get(admin, "/readyz") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tracker at {admin} never became ready"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let admin = admin.to_string();
+    tokio::task::spawn_blocking(move || {
+        redelivery_testkit::admin::wait_ready(&admin, None, Duration::from_secs(60))
+    })
+    .await
+    .unwrap()
+    .expect("tracker ready");
 }
 
 /// Collects, per key, the attempts seen.

@@ -4,8 +4,7 @@
 //! delivered twice.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::{Child, Stdio};
 
 use crate::common::{log_file, Cluster, Topics};
 
@@ -38,17 +37,14 @@ pub struct Fleet<'a> {
     pub incarnations: Vec<Incarnation>,
 }
 
-/// Milliseconds since the Unix epoch.
+/// Milliseconds since the Unix epoch, as the checker's fault times count them.
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    u64::try_from(redelivery_testkit::clock::now_ms()).unwrap_or(0)
 }
 
+/// Signals a fleet member; one that is already gone is no fault of the suite's.
 fn signal(child: &Child, name: &str) {
-    let _ = Command::new("kill")
-        .args([&format!("-{name}"), &child.id().to_string()])
-        .status();
+    let _ = redelivery_testkit::process::signal(child.id(), name);
 }
 
 /// Group settings for trackers: a killed replica leaves its group after 6 s (the broker's

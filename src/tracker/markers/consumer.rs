@@ -27,7 +27,11 @@ use crate::tracker::core::fence::Fence;
 use crate::tracker::inspect::{SharedView, TrackerView};
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
 use crate::tracker::markers::plan;
+use crate::tracker::metrics::intake::{ConsumeFailed, MarkerUndecodable, Tombstone};
+use crate::tracker::metrics::progress::{CommitFinished, RestoreFailed};
+use crate::tracker::metrics::work::ProduceFailed;
 use crate::tracker::metrics::Metrics;
+use crate::tracker::metrics::Problem;
 use crate::tracker::redeliver::worker::Job;
 use crate::tracker::snapshot::policy;
 use crate::tracker::snapshot::restorer::Restorer;
@@ -85,13 +89,10 @@ impl TrackerContext {
     /// waits for a pass under way, before the partitions are committed and given up.
     fn fence_off(&self, ids: &[i32]) {
         if !self.fence.revoke(ids, PASS_WAIT) {
-            self.metrics.problem("pass_outlived_revocation");
-            tracing::warn!(
-                partitions = ?ids,
-                wait = ?PASS_WAIT,
-                "a redelivery pass for revoked partitions is still running; its copies may \
-                 duplicate the new owner's"
-            );
+            self.metrics.emit(Problem::PassOutlivedRevocation {
+                partitions: ids,
+                wait: PASS_WAIT,
+            });
         }
     }
 
@@ -114,12 +115,10 @@ impl TrackerContext {
             }
         }
         if let Err(e) = consumer.pause(&pause) {
-            self.metrics.problem("pause_failed");
-            tracing::error!(error = %e, "could not pause partitions waiting for their snapshot");
+            self.metrics.emit(Problem::PauseFailed { error: &e });
         }
         if !self.restorer.ask(ask) {
-            self.metrics.problem("restore_thread_gone");
-            tracing::error!("the restore thread is gone; new partitions stay paused and unready");
+            self.metrics.emit(Problem::RestoreThreadGone);
         }
     }
 
@@ -146,7 +145,10 @@ impl TrackerContext {
                         resume.add_partition(&self.markers_topic, p.id);
                     }
                     Err(why) => {
-                        self.metrics.restore_failed(p.id, &why);
+                        self.metrics.emit(RestoreFailed {
+                            partition: p.id,
+                            why: &why,
+                        });
                         p.restore = Restore::RetryAt(now + policy::RESTORE_RETRY);
                     }
                 }
@@ -160,13 +162,11 @@ impl TrackerContext {
         }
         if resume.count() > 0 {
             if let Err(e) = consumer.resume(&resume) {
-                self.metrics.problem("resume_failed");
-                tracing::error!(error = %e, "could not resume restored partitions");
+                self.metrics.emit(Problem::ResumeFailed { error: &e });
             }
         }
         if !self.restorer.ask(again) {
-            self.metrics.problem("restore_thread_gone");
-            tracing::error!("the restore thread is gone; partitions stay paused and unready");
+            self.metrics.emit(Problem::RestoreThreadGone);
         }
     }
 
@@ -180,8 +180,9 @@ impl TrackerContext {
         let commits = plan::final_commits(&mut owned.partitions, ids, Instant::now());
         if !commits.is_empty() {
             let tpl = commit_list(&self.markers_topic, &commits);
-            self.metrics
-                .commit(&consumer.commit(&tpl, CommitMode::Sync));
+            self.metrics.emit(CommitFinished {
+                result: &consumer.commit(&tpl, CommitMode::Sync),
+            });
         }
     }
 }
@@ -237,10 +238,7 @@ impl ConsumerContext for TrackerContext {
                 }
             }
             Rebalance::Assign(_) => {}
-            Rebalance::Error(e) => {
-                self.metrics.problem("rebalance_error");
-                tracing::warn!(error = %e, "rebalance error")
-            }
+            Rebalance::Error(e) => self.metrics.emit(Problem::RebalanceError { error: e }),
         }
     }
 
@@ -343,7 +341,7 @@ impl MarkersLoop {
     fn handle(&self, result: KafkaResult<BorrowedMessage<'_>>, at: Instant, wall_ms: i64) {
         let m = match result {
             Ok(m) => m,
-            Err(e) => return self.metrics.consume_error(&e),
+            Err(e) => return self.metrics.emit(ConsumeFailed { error: &e }),
         };
         let mut owned = self.consumer.context().lock();
         let Some(p) = owned.partitions.get_mut(&m.partition()) else {
@@ -354,20 +352,20 @@ impl MarkersLoop {
             // out anyway, read it again once the snapshot is in.
             let (id, offset) = (p.id, m.offset());
             drop(owned);
-            self.metrics.problem("read_before_restore");
-            tracing::warn!(
-                partition = id,
+            self.metrics.emit(Problem::ReadBeforeRestore {
+                partition: id,
                 offset,
-                "marker read before the snapshot was restored; rewinding"
-            );
+            });
             if let Err(e) = self.consumer.seek(
                 &self.config.markers_topic,
                 id,
                 Offset::Offset(offset),
                 Duration::from_secs(5),
             ) {
-                self.metrics.problem("rewind_failed");
-                tracing::error!(partition = id, error = %e, "rewind failed; stopping so the partition is replayed by the next owner");
+                self.metrics.emit(Problem::RewindFailed {
+                    partition: id,
+                    error: &e,
+                });
                 self.stop.store(true, Ordering::Relaxed);
             }
             return;
@@ -383,20 +381,27 @@ impl MarkersLoop {
             return; // already in the restored snapshot
         }
         let Some(ts) = ts else {
-            return self.metrics.marker_error(
-                m.partition(),
-                m.offset(),
-                &crate::marker::DecodeError::InvalidValue {
+            return self.metrics.emit(MarkerUndecodable {
+                partition: m.partition(),
+                offset: m.offset(),
+                error: &crate::marker::DecodeError::InvalidValue {
                     field: "timestamp",
                     value: "none".into(),
                 },
-            );
+            });
         };
         match m.payload() {
-            None => self.metrics.tombstone(m.partition(), m.offset()),
+            None => self.metrics.emit(Tombstone {
+                partition: m.partition(),
+                offset: m.offset(),
+            }),
             Some(bytes) => match decode(bytes) {
                 Ok(marker) => p.apply(m.offset(), ts, &marker, &self.metrics),
-                Err(e) => self.metrics.marker_error(m.partition(), m.offset(), &e),
+                Err(e) => self.metrics.emit(MarkerUndecodable {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    error: &e,
+                }),
             },
         }
     }
@@ -415,8 +420,11 @@ impl MarkersLoop {
             None => true,
             Some(Ok(Ok(_))) => false,
             Some(Ok(Err((e, _)))) => {
-                self.metrics
-                    .produce_error("tick", &self.config.markers_topic, &e);
+                self.metrics.emit(ProduceFailed {
+                    what: "tick",
+                    target: &self.config.markers_topic,
+                    error: &e,
+                });
                 false
             }
             Some(Err(_)) => false,
@@ -433,9 +441,11 @@ impl MarkersLoop {
                 .payload(&payload);
             match self.producer.send_result(record) {
                 Ok(f) => pending.push(f),
-                Err((e, _)) => self
-                    .metrics
-                    .produce_error("tick", &self.config.markers_topic, &e),
+                Err((e, _)) => self.metrics.emit(ProduceFailed {
+                    what: "tick",
+                    target: &self.config.markers_topic,
+                    error: &e,
+                }),
             }
             p.tick_sent(now);
         }
@@ -455,8 +465,7 @@ impl MarkersLoop {
         for job in jobs {
             self.queued.fetch_add(1, Ordering::Relaxed);
             if self.jobs.send(job).is_err() {
-                self.metrics.problem("worker_gone");
-                tracing::error!("redelivery worker is gone; due deliveries stay in flight");
+                self.metrics.emit(Problem::WorkerGone);
                 self.stop.store(true, Ordering::Relaxed);
                 return;
             }
@@ -514,6 +523,6 @@ impl MarkersLoop {
         let mut owned = self.consumer.context().lock();
         plan::committed(&mut owned.partitions, &plan.commits, result.is_ok());
         drop(owned);
-        self.metrics.commit(&result);
+        self.metrics.emit(CommitFinished { result: &result });
     }
 }

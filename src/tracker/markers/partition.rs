@@ -9,6 +9,10 @@
 use std::time::{Duration, Instant};
 
 use crate::marker::{Marker, SourceRef};
+use crate::tracker::metrics::intake::{
+    BatchedRecords, ClockMoved, ClockOutlier, MarkerRead, OddMarker, ScheduleTracked,
+};
+use crate::tracker::metrics::progress::Cancelled;
 
 use crate::tracker::core::clock::{PartitionClock, Reading};
 use crate::tracker::core::state::{Applied, Expiry, PartitionState};
@@ -179,7 +183,9 @@ impl OwnedPartition {
 
     /// Applies one decoded marker and counts what it did.
     pub fn apply(&mut self, offset: i64, timestamp_ms: i64, marker: &Marker, metrics: &Metrics) {
-        metrics.marker(marker.marker_type());
+        metrics.emit(MarkerRead {
+            kind: marker.marker_type(),
+        });
         if let Some((topic, partition)) = marker
             .source_partition()
             .filter(|_| marker.source().is_none())
@@ -193,15 +199,23 @@ impl OwnedPartition {
                     match applied {
                         Applied::Odd(oddity) => {
                             let source = SourceRef::new(topic, partition, source_offset);
-                            metrics.odd_marker(id, offset, oddity, Some(&source));
+                            metrics.emit(OddMarker {
+                                partition: id,
+                                offset,
+                                oddity,
+                                source: Some(&source),
+                            });
                         }
-                        Applied::Cancelled => {
-                            metrics.cancelled(&SourceRef::new(topic, partition, source_offset))
-                        }
+                        Applied::Cancelled => metrics.emit(Cancelled {
+                            id: &SourceRef::new(topic, partition, source_offset),
+                        }),
                         _ => {}
                     }
                 });
-            metrics.batched_records(marker.marker_type(), records);
+            metrics.emit(BatchedRecords {
+                kind: marker.marker_type(),
+                records,
+            });
             return;
         }
         match self.state.on_marker(offset, timestamp_ms, marker) {
@@ -222,13 +236,20 @@ impl OwnedPartition {
                     );
                 }
             }
-            Applied::Odd(oddity) => metrics.odd_marker(self.id, offset, oddity, marker.source()),
+            Applied::Odd(oddity) => metrics.emit(OddMarker {
+                partition: self.id,
+                offset,
+                oddity,
+                source: marker.source(),
+            }),
             Applied::Cancelled => {
                 if let Some(id) = marker.source() {
-                    metrics.cancelled(id);
+                    metrics.emit(Cancelled { id });
                 }
             }
-            Applied::Scheduled => metrics.scheduled(&self.state.home_ref(offset)),
+            Applied::Scheduled => metrics.emit(ScheduleTracked {
+                id: &self.state.home_ref(offset),
+            }),
             _ => {}
         }
     }
@@ -264,11 +285,20 @@ impl OwnedPartition {
                 ahead_ms,
                 apply_at_ms,
             } => {
-                metrics.clock_outlier(self.id, offset, ahead_ms);
+                metrics.emit(ClockOutlier {
+                    partition: self.id,
+                    offset,
+                    ahead_ms,
+                });
                 Some(apply_at_ms)
             }
             Reading::Moved { from_ms } => {
-                metrics.clock_moved(self.id, offset, from_ms, ts);
+                metrics.emit(ClockMoved {
+                    partition: self.id,
+                    offset,
+                    from_ms,
+                    to_ms: ts,
+                });
                 Some(ts)
             }
         }

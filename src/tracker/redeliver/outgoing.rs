@@ -19,6 +19,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::headers::{self, HeaderList};
 use crate::marker::{encode, Marker, SourceRef};
 
+use crate::tracker::metrics::work::{ProduceFailed, ProduceRefused};
 use crate::tracker::metrics::Metrics;
 
 /// A record to produce, owned so it can be retried.
@@ -109,13 +110,19 @@ impl Sender<'_> {
                 match result {
                     Ok(()) => results[i] = Some(Ok(())),
                     Err(e) if refused_for_good(&e) => {
-                        self.metrics
-                            .produce_refused(records[i].what, &records[i].topic, &e);
+                        self.metrics.emit(ProduceRefused {
+                            what: records[i].what,
+                            target: &records[i].topic,
+                            error: &e,
+                        });
                         results[i] = Some(Err(e.to_string()));
                     }
                     Err(e) => {
-                        self.metrics
-                            .produce_error(records[i].what, &records[i].topic, &e);
+                        self.metrics.emit(ProduceFailed {
+                            what: records[i].what,
+                            target: &records[i].topic,
+                            error: &e,
+                        });
                         retry = true;
                     }
                 }

@@ -21,6 +21,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::headers;
 
 use crate::tracker::config::TrackerConfig;
+use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::source_reader::{reader_consumer, ReaderContext};
 
 /// How far before the earliest due time to start reading: covers a previous owner whose clock
@@ -37,12 +38,13 @@ const SCAN_LIMIT: Duration = Duration::from_secs(60);
 /// longer than a minute, or a stop requested meanwhile (`stop`).
 pub fn already_published(
     config: &TrackerConfig,
+    metrics: &Metrics,
     topic: &str,
     from_ms: i64,
     wanted: &HashSet<String>,
     stop: &AtomicBool,
 ) -> Result<HashSet<String>, String> {
-    let consumer = reader_consumer(config).map_err(|e| e.to_string())?;
+    let consumer = reader_consumer(config, metrics).map_err(|e| e.to_string())?;
     let timeout = Duration::from_secs(10);
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)

@@ -16,6 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::error::TrackerError;
+use crate::tracker::metrics::{Metrics, Problem};
 
 /// The result of reading one offset.
 #[derive(Debug)]
@@ -38,8 +39,10 @@ pub enum ReadError {
 }
 
 /// Keeps librdkafka's "end of partition" notices, which this reader asks for and handles
-/// itself, out of the error log.
-pub(crate) struct ReaderContext;
+/// itself, out of the error log, and counts the other errors librdkafka reports to it.
+pub(crate) struct ReaderContext {
+    metrics: Metrics,
+}
 
 impl rdkafka::ClientContext for ReaderContext {
     fn error(&self, error: KafkaError, reason: &str) {
@@ -48,7 +51,10 @@ impl rdkafka::ClientContext for ReaderContext {
         {
             tracing::trace!(%error, reason, "source reader reached the end of a partition");
         } else {
-            tracing::warn!(%error, reason, "source reader error");
+            self.metrics.emit(Problem::SourceReaderError {
+                error: &error,
+                reason,
+            });
         }
     }
 }
@@ -59,10 +65,12 @@ impl rdkafka::consumer::ConsumerContext for ReaderContext {}
 pub struct SourceReader {
     consumer: BaseConsumer<ReaderContext>,
     timeout: Duration,
+    metrics: Metrics,
 }
 
 pub(crate) fn reader_consumer(
     config: &TrackerConfig,
+    metrics: &Metrics,
 ) -> Result<BaseConsumer<ReaderContext>, TrackerError> {
     config
         .client_config(&[
@@ -80,7 +88,9 @@ pub(crate) fn reader_consumer(
             ("max.partition.fetch.bytes", "65536"),
             ("isolation.level", "read_committed"),
         ])
-        .create_with_context(ReaderContext)
+        .create_with_context(ReaderContext {
+            metrics: metrics.clone(),
+        })
         .map_err(TrackerError::kafka("creating the source reader"))
 }
 
@@ -90,8 +100,8 @@ const MAX_SCAN_GAP: i64 = 256;
 
 impl SourceReader {
     /// Creates the reader's consumer.
-    pub fn new(config: &TrackerConfig) -> Result<Self, TrackerError> {
-        let consumer = reader_consumer(config)?;
+    pub fn new(config: &TrackerConfig, metrics: &Metrics) -> Result<Self, TrackerError> {
+        let consumer = reader_consumer(config, metrics)?;
         // Connect now rather than on the first redelivery, which otherwise waits ~0.3 s for
         // the connection and metadata (and every delivery due meanwhile waits behind it).
         if let Err(e) = consumer.fetch_metadata(None, Duration::from_secs(2)) {
@@ -100,6 +110,7 @@ impl SourceReader {
         Ok(SourceReader {
             consumer,
             timeout: Duration::from_secs(10),
+            metrics: metrics.clone(),
         })
     }
 
@@ -110,7 +121,7 @@ impl SourceReader {
     /// broker was back (found by the fault-injection suite). A fresh consumer connects at once,
     /// so the worker starts over with one after a failed read.
     pub fn reset(&mut self, config: &TrackerConfig) -> Result<(), TrackerError> {
-        self.consumer = reader_consumer(config)?;
+        self.consumer = reader_consumer(config, &self.metrics)?;
         Ok(())
     }
 

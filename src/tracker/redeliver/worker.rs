@@ -25,6 +25,11 @@ use rdkafka::producer::FutureProducer;
 
 use crate::headers;
 use crate::marker::SourceRef;
+use crate::tracker::metrics::progress::{AlreadyPublished, Published};
+use crate::tracker::metrics::work::{
+    DeadLettered, DeadlineLag, DeliveryParked, Fenced, Redelivered, SourceReadFailed,
+};
+use crate::tracker::metrics::Problem;
 
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::action::{after_refusal, decide, park_wait, Action, DlqReason};
@@ -113,7 +118,7 @@ impl Redeliverer {
         fence: Arc<Fence>,
     ) -> Result<Self, crate::tracker::TrackerError> {
         Ok(Redeliverer {
-            reader: SourceReader::new(&config)?,
+            reader: SourceReader::new(&config, &metrics)?,
             config,
             producer,
             metrics,
@@ -172,7 +177,10 @@ impl Redeliverer {
             .drain(..)
             .partition(|p| self.fence.holds(p.markers_partition, p.generation));
         if !revoked.is_empty() {
-            self.metrics.fenced(revoked.len(), "parked");
+            self.metrics.emit(Fenced {
+                n: revoked.len(),
+                stage: "parked",
+            });
         }
         let (due, wait): (Vec<Parked>, Vec<Parked>) =
             held.into_iter().partition(|p| p.retry_at <= now);
@@ -224,7 +232,10 @@ impl Redeliverer {
             jobs.into_iter().zip(allowed).partition(|(_, ok)| *ok);
         let dropped: usize = revoked.iter().map(|(j, _)| j.expiries.len()).sum();
         if dropped > 0 {
-            self.metrics.fenced(dropped, "queued");
+            self.metrics.emit(Fenced {
+                n: dropped,
+                stage: "queued",
+            });
         }
         let jobs = jobs.into_iter().map(|(j, _)| j);
         self.pass(jobs.collect(), &fence);
@@ -259,7 +270,10 @@ impl Redeliverer {
             origin_of(&p.expiry).is_some_and(|o| fence.holds(o.markers_partition, o.generation))
         });
         if pending.len() < before {
-            self.metrics.fenced(before - pending.len(), "read");
+            self.metrics.emit(Fenced {
+                n: before - pending.len(),
+                stage: "read",
+            });
         }
         let published = self.take_already_published(&mut pending);
         let Some(refused) = self.send_copies(&mut pending) else {
@@ -284,15 +298,18 @@ impl Redeliverer {
         }
         let mut ends = Vec::with_capacity(done.len() + published.len());
         for p in &published {
-            self.metrics
-                .already_published(&p.expiry.source, home_topic(p));
+            self.metrics.emit(AlreadyPublished {
+                id: &p.expiry.source,
+                target: home_topic(p),
+            });
         }
         for (p, _) in &done {
             // A parked delivery's lag is not measured: its first try was when it was due.
             if let Some(o) = origin_of(&p.expiry).filter(|o| o.taken_at_ms > 0) {
                 let now = o.taken_at_ms as f64 / 1000.0 + o.taken_at.elapsed().as_secs_f64();
-                self.metrics
-                    .deadline_lag(now - p.expiry.deadline_ms as f64 / 1000.0);
+                self.metrics.emit(DeadlineLag {
+                    seconds: now - p.expiry.deadline_ms as f64 / 1000.0,
+                });
             }
             self.refusals.remove(&p.expiry.source);
             self.count(p);
@@ -360,11 +377,20 @@ impl Redeliverer {
         }
         let mut found = HashSet::new();
         for (topic, (since, wanted)) in targets {
-            match already_published(&self.config, &topic, since, &wanted, &self.stop) {
+            match already_published(
+                &self.config,
+                &self.metrics,
+                &topic,
+                since,
+                &wanted,
+                &self.stop,
+            ) {
                 Ok(ids) => found.extend(ids),
-                Err(why) => self
-                    .metrics
-                    .published_check_failed(&topic, wanted.len(), &why),
+                Err(why) => self.metrics.emit(Problem::PublishedCheckFailed {
+                    target: &topic,
+                    schedules: wanted.len(),
+                    why: &why,
+                }),
             }
         }
         if found.is_empty() {
@@ -383,7 +409,11 @@ impl Redeliverer {
         let refusals = self.refusals.entry(expiry.source.clone()).or_insert(0);
         *refusals += 1;
         let wait = park_wait(*refusals, MAX_PARK);
-        self.metrics.parked_delivery(&expiry.source, &why, wait);
+        self.metrics.emit(DeliveryParked {
+            source: &expiry.source,
+            why: &why,
+            retry_in: wait,
+        });
         self.parked.push(Parked {
             expiry,
             markers_partition: origin.markers_partition,
@@ -400,18 +430,25 @@ impl Redeliverer {
                 } else {
                     "timeout"
                 };
-                self.metrics.redelivered(&p.expiry.source, cause, *attempt);
+                self.metrics.emit(Redelivered {
+                    source: &p.expiry.source,
+                    cause,
+                    attempt: *attempt,
+                });
             }
-            Action::Publish => self.metrics.published(&p.expiry.source, home_topic(p)),
+            Action::Publish => self.metrics.emit(Published {
+                id: &p.expiry.source,
+                target: home_topic(p),
+            }),
             Action::DeadLetter { reason, detail } => {
                 let dlq = self.config.dlq_topic_for(home_topic(p));
-                self.metrics.dead_lettered(
-                    &p.expiry.source,
-                    p.expiry.attempt,
-                    &dlq,
-                    *reason,
+                self.metrics.emit(DeadLettered {
+                    source: &p.expiry.source,
+                    attempt: p.expiry.attempt,
+                    dlq: &dlq,
+                    reason: *reason,
                     detail,
-                );
+                });
             }
         }
     }
@@ -487,7 +524,10 @@ impl Redeliverer {
             results.extend(done);
             if let Some(error) = error {
                 let at = SourceRef::new(topic, partition, left.first().copied().unwrap_or(-1));
-                self.metrics.source_read_error(&at, &error);
+                self.metrics.emit(SourceReadFailed {
+                    source: &at,
+                    error: &error,
+                });
                 // librdkafka reports a deleted topic to an assigned consumer only after
                 // `topic.metadata.propagation.max.ms`; the metadata says so at once.
                 if let Some(why) = self.reader.missing(topic, partition) {
@@ -499,7 +539,10 @@ impl Redeliverer {
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 if let Err(e) = self.reader.reset(&self.config) {
-                    self.metrics.source_read_error(&at, &e);
+                    self.metrics.emit(SourceReadFailed {
+                        source: &at,
+                        error: &e,
+                    });
                 }
             }
         }

@@ -18,7 +18,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::state::PartitionState;
 use crate::tracker::markers::partition::OwnedPartition;
-use crate::tracker::metrics::Metrics;
+use crate::tracker::metrics::progress::{SnapshotFailed, SnapshotWritten};
+use crate::tracker::metrics::{Metrics, Problem};
 use crate::tracker::snapshot::store::{self, Pointer};
 
 /// Wait between tries to restore a partition.
@@ -43,6 +44,7 @@ pub enum Restored {
 pub fn restore<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,
     config: &TrackerConfig,
+    metrics: &Metrics,
     snapshots_topic: Option<&str>,
     ids: &[i32],
     stop: &std::sync::atomic::AtomicBool,
@@ -79,15 +81,14 @@ pub fn restore<C: ConsumerContext>(
                         p.epoch
                     )),
                     Some(topic) => {
-                        store::read(config, topic, id, p, stop).map(|(_, data)| {
+                        store::read(config, metrics, topic, id, p, stop).map(|(_, data)| {
                             let (state, skipped) =
                                 PartitionState::import(&config.markers_topic, id, data);
                             if skipped > 0 {
-                                tracing::warn!(
-                                    partition = id,
+                                metrics.emit(Problem::SnapshotEntriesSkipped {
+                                    partition: id,
                                     skipped,
-                                    "snapshot entries with an unknown topic skipped"
-                                );
+                                });
                             }
                             Restored::State(p, Box::new(state))
                         })
@@ -142,7 +143,10 @@ pub fn maybe_start(
             );
             p.snapshot_in_flight = Some(in_flight);
         }
-        Err(e) => metrics.snapshot_failed(p.id, &e.to_string()),
+        Err(e) => metrics.emit(SnapshotFailed {
+            partition: p.id,
+            why: &e.to_string(),
+        }),
     }
     p.last_snapshot_at = Some(now);
 }
@@ -178,7 +182,10 @@ pub fn poll_in_flight(p: &mut OwnedPartition, metrics: &Metrics) {
         failed = Some("chunks not durable in time".to_string());
     }
     if let Some(why) = failed {
-        metrics.snapshot_failed(p.id, &why);
+        metrics.emit(SnapshotFailed {
+            partition: p.id,
+            why: &why,
+        });
         p.snapshot_in_flight = None;
         return;
     }
@@ -198,7 +205,11 @@ pub fn poll_in_flight(p: &mut OwnedPartition, metrics: &Metrics) {
         last,
         covers: in_flight.covers,
     };
-    metrics.snapshot_written(p.id, pointer.covers, in_flight.started.elapsed());
+    metrics.emit(SnapshotWritten {
+        partition: p.id,
+        covers: pointer.covers,
+        took: in_flight.started.elapsed(),
+    });
     p.snapshot = Some(pointer);
     p.snapshot_in_flight = None;
 }

@@ -16,6 +16,7 @@ use rdkafka::consumer::BaseConsumer;
 
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::error::TrackerError;
+use crate::tracker::metrics::Metrics;
 use crate::tracker::snapshot::policy::{self, Restored};
 
 /// A restore for `partition` as granted under `generation` (see `fence`): an answer for an
@@ -41,6 +42,7 @@ impl Restorer {
     /// this handle is dropped.
     pub(crate) fn start(
         config: Arc<TrackerConfig>,
+        metrics: Metrics,
         snapshots_topic: Option<String>,
         stop: Arc<AtomicBool>,
     ) -> Result<Self, TrackerError> {
@@ -61,6 +63,7 @@ impl Restorer {
                 serve(
                     &consumer,
                     &config,
+                    &metrics,
                     snapshots_topic.as_deref(),
                     &stop,
                     &ask_rx,
@@ -89,6 +92,7 @@ impl Restorer {
 fn serve(
     consumer: &BaseConsumer,
     config: &TrackerConfig,
+    metrics: &Metrics,
     topic: Option<&str>,
     stop: &AtomicBool,
     asks: &Receiver<Vec<Ask>>,
@@ -109,7 +113,7 @@ fn serve(
                 m
             });
         let ids: Vec<i32> = work.keys().copied().collect();
-        let mut found = policy::restore(consumer, config, topic, &ids, stop);
+        let mut found = policy::restore(consumer, config, metrics, topic, &ids, stop);
         for (partition, generation) in work {
             let result = found
                 .remove(&partition)

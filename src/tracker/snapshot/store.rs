@@ -18,6 +18,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::state::Exported;
+use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::source_reader::reader_consumer;
 use crate::tracker::snapshot::format::{self, Chunk, ChunkHeader};
 
@@ -127,12 +128,13 @@ pub fn write(
 /// Gives up (an error) when nothing arrives for 30 s, or at once when `stop` is set.
 pub fn read(
     config: &TrackerConfig,
+    metrics: &Metrics,
     topic: &str,
     partition: i32,
     pointer: Pointer,
     stop: &std::sync::atomic::AtomicBool,
 ) -> Result<(ChunkHeader, Exported), String> {
-    let consumer = reader_consumer(config).map_err(|e| e.to_string())?;
+    let consumer = reader_consumer(config, metrics).map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, Offset::Offset(pointer.first))
         .map_err(|e| e.to_string())?;

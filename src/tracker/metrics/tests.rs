@@ -1,0 +1,106 @@
+//! Each event moves its counter, and the known label sets exist at zero before any event.
+
+use super::intake::{MarkerUndecodable, Tombstone};
+use super::work::{DeliveryParked, ProduceFailed};
+use super::*;
+use crate::marker::SourceRef;
+
+fn series(m: &Metrics, s: &str) -> f64 {
+    m.render()
+        .lines()
+        .find_map(|l| l.strip_prefix(s)?.trim().parse().ok())
+        .unwrap_or(-1.0)
+}
+
+#[test]
+fn known_label_sets_start_at_zero() {
+    let m = Metrics::new();
+    for kind in Problem::KINDS {
+        assert_eq!(
+            series(&m, &format!("redelivery_problems_total{{kind=\"{kind}\"}}")),
+            0.0,
+            "{kind}"
+        );
+    }
+    assert_eq!(
+        series(&m, "redelivery_marker_errors_total{kind=\"tombstone\"}"),
+        0.0
+    );
+}
+
+#[test]
+fn every_problem_counts_under_its_own_kind() {
+    let m = Metrics::new();
+    let problems = [
+        Problem::RestoreThreadGone,
+        Problem::WorkerGone,
+        Problem::ReadBeforeRestore {
+            partition: 0,
+            offset: 1,
+        },
+        Problem::SnapshotEntriesSkipped {
+            partition: 0,
+            skipped: 2,
+        },
+    ];
+    let kinds: Vec<_> = problems.iter().map(Problem::kind).collect();
+    for p in problems {
+        m.emit(p);
+    }
+    for kind in kinds {
+        assert!(Problem::KINDS.contains(&kind));
+        assert_eq!(
+            series(&m, &format!("redelivery_problems_total{{kind=\"{kind}\"}}")),
+            1.0
+        );
+    }
+}
+
+#[test]
+fn a_rate_limited_event_still_counts_every_time() {
+    let m = Metrics::new();
+    let error = crate::marker::DecodeError::Empty;
+    for offset in 0..100 {
+        m.emit(MarkerUndecodable {
+            partition: 0,
+            offset,
+            error: &error,
+        });
+        m.emit(Tombstone {
+            partition: 0,
+            offset,
+        });
+        m.emit(ProduceFailed {
+            what: "copy",
+            target: "t",
+            error: &"broker away",
+        });
+    }
+    let kind = error.kind();
+    assert_eq!(
+        series(
+            &m,
+            &format!("redelivery_marker_errors_total{{kind=\"{kind}\"}}")
+        ),
+        100.0
+    );
+    assert_eq!(
+        series(&m, "redelivery_marker_errors_total{kind=\"tombstone\"}"),
+        100.0
+    );
+    assert_eq!(
+        series(&m, "redelivery_produce_errors_total{what=\"copy\"}"),
+        100.0
+    );
+}
+
+#[test]
+fn a_parked_delivery_is_counted() {
+    let m = Metrics::new();
+    m.emit(DeliveryParked {
+        source: &SourceRef::new("t", 0, 1),
+        why: "refused",
+        retry_in: std::time::Duration::from_secs(1),
+    });
+    assert_eq!(series(&m, "redelivery_parks_total"), 1.0);
+}
