@@ -81,6 +81,31 @@ impl Tracker {
     /// Runs until `shutdown` completes, then stops consuming, commits, lets the redelivery
     /// worker finish its current job (up to a grace period) and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), TrackerError> {
+        self.check_config()?;
+        // Debug output of the config hides secret librdkafka values (passwords, keys).
+        tracing::debug!(config = ?self.config, "tracker starting");
+        let mut threads = self.start().await?;
+        // If this future is dropped instead of being told to stop, the threads must still end.
+        let _guard = StopOnDrop(vec![
+            threads.stop_consumer.clone(),
+            threads.stop_worker.clone(),
+        ]);
+        tokio::select! {
+            _ = shutdown => tracing::info!("stop requested; draining"),
+            r = &mut threads.consumer => {
+                // The loop only ends on its own when the worker is gone: say why it went.
+                joined("markers", r)?;
+                bounded("redelivery worker", &mut threads.worker, GRACE).await?;
+                return Err(TrackerError::Thread("the redelivery worker stopped".into()));
+            }
+        }
+        self.ready.set(false);
+        threads.drain().await?;
+        tracing::info!("tracker stopped");
+        Ok(())
+    }
+
+    fn check_config(&self) -> Result<(), TrackerError> {
         let most = crate::headers::checked::MAX_ATTEMPT;
         if !(1..=most).contains(&self.config.max_deliveries) {
             return Err(TrackerError::Config(format!(
@@ -88,8 +113,11 @@ impl Tracker {
                 self.config.max_deliveries
             )));
         }
-        // Debug output of the config hides secret librdkafka values (passwords, keys).
-        tracing::debug!(config = ?self.config, "tracker starting");
+        Ok(())
+    }
+
+    /// Creates the clients and starts the markers consumer and the redelivery worker.
+    async fn start(&self) -> Result<Threads, TrackerError> {
         // The redelivery worker sends each pass's records together and waits for them, so
         // lingering would only add to every pass; batching comes from the pass itself.
         let mut settings = crate::kafka::DURABLE_PRODUCER.to_vec();
@@ -108,6 +136,58 @@ impl Tracker {
         // Ownership as both threads see it: the consumer grants and revokes, the worker checks.
         let fence = Arc::new(Fence::default());
         let stop_consumer = Arc::new(AtomicBool::new(false));
+        let consumer = self.markers_consumer(snapshots, &fence, &stop_consumer)?;
+        let stop_worker = Arc::new(AtomicBool::new(false));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (jobs, job_rx) = mpsc::sync_channel(MAX_QUEUED_JOBS);
+        let worker = Redeliverer::new(
+            self.config.clone(),
+            producer.clone(),
+            self.metrics.clone(),
+            stop_worker.clone(),
+            fence,
+        )?;
+        let worker_queued = queued.clone();
+        let worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;
+        let markers = MarkersLoop {
+            consumer,
+            producer,
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            jobs,
+            queued,
+            ready: self.ready.clone(),
+            view: self.view.clone(),
+            stop: stop_consumer.clone(),
+        };
+        let consumer = spawn_thread("markers", move || markers.run()).inspect_err(|_| {
+            // The worker is already running; without its consumer nobody would stop it.
+            stop_worker.store(true, Ordering::Relaxed);
+        })?;
+        Ok(Threads {
+            consumer,
+            worker,
+            stop_consumer,
+            stop_worker,
+        })
+    }
+
+    /// The markers consumer, subscribed, with its rebalance context.
+    fn markers_consumer(
+        &self,
+        snapshots: Option<String>,
+        fence: &Arc<Fence>,
+        stop: &Arc<AtomicBool>,
+    ) -> Result<BaseConsumer<TrackerContext>, TrackerError> {
+        // Reads from the configured snapshots topic whatever this tracker's own snapshot
+        // settings: a commit may already rely on a snapshot an earlier run wrote, and
+        // replaying without it would forget what only it holds.
+        let restorer = Restorer::start(
+            self.config.clone(),
+            self.metrics.clone(),
+            self.config.snapshots_topic.clone(),
+            stop.clone(),
+        )?;
         let consumer: BaseConsumer<TrackerContext> = self
             .config
             .client_config(&[
@@ -123,77 +203,47 @@ impl Tracker {
                 self.config.clone(),
                 snapshots,
                 fence.clone(),
-                // Reads from the configured snapshots topic whatever this tracker's own
-                // snapshot settings: a commit may already rely on a snapshot an earlier run
-                // wrote, and replaying without it would forget what only it holds.
-                Restorer::start(
-                    self.config.clone(),
-                    self.metrics.clone(),
-                    self.config.snapshots_topic.clone(),
-                    stop_consumer.clone(),
-                )?,
+                restorer,
             ))
             .map_err(TrackerError::kafka("creating the markers consumer"))?;
         consumer
             .subscribe(&[&self.config.markers_topic])
             .map_err(TrackerError::kafka("subscribing to the markers topic"))?;
+        Ok(consumer)
+    }
+}
 
-        let stop_worker = Arc::new(AtomicBool::new(false));
-        // If this future is dropped instead of being told to stop, the threads must still end.
-        let _guard = StopOnDrop(vec![stop_consumer.clone(), stop_worker.clone()]);
-        let queued = Arc::new(AtomicUsize::new(0));
-        let (jobs, job_rx) = mpsc::sync_channel(MAX_QUEUED_JOBS);
-        let worker = Redeliverer::new(
-            self.config.clone(),
-            producer.clone(),
-            self.metrics.clone(),
-            stop_worker.clone(),
-            fence.clone(),
-        )?;
-        let worker_queued = queued.clone();
-        let mut worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;
-        let markers = MarkersLoop {
-            consumer,
-            producer,
-            config: self.config.clone(),
-            metrics: self.metrics.clone(),
-            jobs,
-            queued,
-            ready: self.ready.clone(),
-            view: self.view.clone(),
-            stop: stop_consumer.clone(),
-        };
-        let mut consumer = spawn_thread("markers", move || markers.run())?;
+/// The tracker's two threads and the flags that stop them.
+struct Threads {
+    consumer: oneshot::Receiver<Result<(), String>>,
+    worker: oneshot::Receiver<Result<(), String>>,
+    stop_consumer: Arc<AtomicBool>,
+    stop_worker: Arc<AtomicBool>,
+}
 
-        tokio::select! {
-            _ = shutdown => tracing::info!("stop requested; draining"),
-            r = &mut consumer => {
-                // The loop only ends on its own when the worker is gone: say why it went.
-                joined("markers", r)?;
-                bounded("redelivery worker", &mut worker, GRACE).await?;
-                return Err(TrackerError::Thread("the redelivery worker stopped".into()));
-            }
-        }
-        stop_consumer.store(true, Ordering::Relaxed);
-        self.ready.set(false);
+impl Threads {
+    /// Stops the consumer (its final commit, leaving the group), then lets the worker finish
+    /// its job; each within the grace period.
+    async fn drain(mut self) -> Result<(), TrackerError> {
+        self.stop_consumer.store(true, Ordering::Relaxed);
         // The final commit and the consumer's close wait for the group coordinator; with Kafka
         // gone they would wait forever, so a stop never waits longer than the grace period.
-        // Giving up loses nothing: uncommitted markers are replayed by the next owner.
-        if !bounded("markers", &mut consumer, GRACE).await? {
+        // Giving up loses nothing: uncommitted markers are replayed by the next owner. These
+        // warnings have no counter: the process is about to exit, so nothing would scrape it.
+        if !bounded("markers", &mut self.consumer, GRACE).await? {
             tracing::warn!(
                 grace = ?GRACE,
                 "could not commit and leave the group within the grace period (is Kafka reachable?); \
                  the next owner replays from the last committed offset"
             );
         }
-        if !bounded("redelivery worker", &mut worker, GRACE).await? {
+        if !bounded("redelivery worker", &mut self.worker, GRACE).await? {
             tracing::warn!("redelivery worker still busy after the grace period; its deliveries stay in flight");
-            stop_worker.store(true, Ordering::Relaxed);
-            if !bounded("redelivery worker", &mut worker, GRACE).await? {
+            self.stop_worker.store(true, Ordering::Relaxed);
+            if !bounded("redelivery worker", &mut self.worker, GRACE).await? {
                 tracing::warn!("redelivery worker did not stop; leaving it behind");
             }
         }
-        tracing::info!("tracker stopped");
         Ok(())
     }
 }

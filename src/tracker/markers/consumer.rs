@@ -377,7 +377,7 @@ impl MarkersLoop {
             wall_ms,
             &self.metrics,
         );
-        if m.offset() < p.skip_below {
+        if m.offset() < p.snapshots.skip_below {
             return; // already in the restored snapshot
         }
         let Some(ts) = ts else {

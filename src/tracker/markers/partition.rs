@@ -69,24 +69,31 @@ pub struct OwnedPartition {
     /// Broker time of the Tick that ended catch-up. Anything due before it may have been
     /// acted on by the previous owner.
     pub ready_at_ms: Option<i64>,
+    /// Where its snapshots stand: the latest, the committed one, one being written.
+    pub snapshots: SnapshotProgress,
+    /// Where restoring its snapshot stands; paused until `Done`.
+    pub restore: Restore,
+    /// The broker timestamp of the last record read, as it came, and when it was read: the
+    /// catch-up Tick sets the clock to it.
+    last_read: Option<(i64, Instant)>,
+}
+
+/// Where a partition's snapshots stand (see ARCHITECTURE.md, "Bounded replay").
+#[derive(Debug, Default)]
+pub struct SnapshotProgress {
     /// The latest durable snapshot of this partition, named in every commit.
-    pub snapshot: Option<Pointer>,
+    pub latest: Option<Pointer>,
     /// The epoch of the snapshot named by the last commit known to have succeeded. A new
     /// snapshot is begun only when this is the latest one: its chunks reuse the keys of the
     /// epoch before, which compaction may then remove, so that epoch must no longer be the
     /// committed one (commits that keep failing would otherwise leave it named).
     pub committed_epoch: Option<u64>,
     /// A snapshot being written.
-    pub snapshot_in_flight: Option<InFlight>,
+    pub in_flight: Option<InFlight>,
     /// When the last snapshot was begun.
-    pub last_snapshot_at: Option<Instant>,
+    pub last_begun_at: Option<Instant>,
     /// Markers before this offset are already in the restored snapshot and are skipped.
     pub skip_below: i64,
-    /// Where restoring its snapshot stands; paused until `Done`.
-    pub restore: Restore,
-    /// The broker timestamp of the last record read, as it came, and when it was read: the
-    /// catch-up Tick sets the clock to it.
-    last_read: Option<(i64, Instant)>,
 }
 
 impl OwnedPartition {
@@ -105,11 +112,7 @@ impl OwnedPartition {
             redeliveries: 0,
             generation: 0,
             ready_at_ms: None,
-            snapshot: None,
-            committed_epoch: None,
-            snapshot_in_flight: None,
-            last_snapshot_at: None,
-            skip_below: 0,
+            snapshots: SnapshotProgress::default(),
             restore: Restore::Done,
             last_read: None,
         }
@@ -125,9 +128,9 @@ impl OwnedPartition {
             "restored from a snapshot"
         );
         self.state = state;
-        self.snapshot = Some(pointer);
-        self.committed_epoch = Some(pointer.epoch);
-        self.skip_below = pointer.covers;
+        self.snapshots.latest = Some(pointer);
+        self.snapshots.committed_epoch = Some(pointer.epoch);
+        self.snapshots.skip_below = pointer.covers;
         self.restore = Restore::Done;
     }
 
@@ -143,7 +146,7 @@ impl OwnedPartition {
     /// [`Self::commit_point`] from a summary's commit offset the caller already has (a
     /// summary walks every entry; the periodic commit needs it for its gauges anyway).
     pub fn commit_point_from(&self, oldest: i64) -> (i64, Option<String>) {
-        match self.snapshot {
+        match self.snapshots.latest {
             Some(s) => (oldest.max(s.covers), Some(s.to_metadata())),
             None => (oldest, None),
         }
@@ -152,8 +155,9 @@ impl OwnedPartition {
     /// Whether the latest snapshot is the one the last successful commit named (or there is
     /// none), so that a new one may reuse the keys of the one before it.
     pub fn snapshot_committed(&self) -> bool {
-        self.snapshot
-            .is_none_or(|s| self.committed_epoch == Some(s.epoch))
+        self.snapshots
+            .latest
+            .is_none_or(|s| self.snapshots.committed_epoch == Some(s.epoch))
     }
 
     /// Whether replay is over.
@@ -321,12 +325,12 @@ mod tests {
         };
         p.restore(pointer(3), PartitionState::at("m", 0));
         assert!(p.snapshot_committed(), "a restored pointer was committed");
-        p.snapshot = Some(pointer(4)); // durable, its commit not yet made (or failing)
+        p.snapshots.latest = Some(pointer(4)); // durable, its commit not yet made (or failing)
         assert!(
             !p.snapshot_committed(),
             "epoch 5 would reuse epoch 3's keys"
         );
-        p.committed_epoch = Some(4);
+        p.snapshots.committed_epoch = Some(4);
         assert!(p.snapshot_committed());
     }
 

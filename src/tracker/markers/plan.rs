@@ -132,8 +132,8 @@ pub(crate) fn interval(
         };
         snapshot(p, oldest);
         let (offset, metadata) = p.commit_point_from(oldest);
-        let epoch = p.snapshot.map(|s| s.epoch);
-        if p.committed != Some(offset) || p.committed_epoch != epoch {
+        let epoch = p.snapshots.latest.map(|s| s.epoch);
+        if p.committed != Some(offset) || p.snapshots.committed_epoch != epoch {
             p.committed = Some(offset);
             commits.push(Commit {
                 partition: p.id,
@@ -165,7 +165,7 @@ pub(crate) fn final_commits(partitions: &mut Partitions, ids: &[i32], now: Insta
                 partition: *id,
                 offset,
                 metadata,
-                epoch: p.snapshot.map(|s| s.epoch),
+                epoch: p.snapshots.latest.map(|s| s.epoch),
             });
         }
     }
@@ -183,7 +183,7 @@ pub(crate) fn committed(partitions: &mut Partitions, commits: &[Commit], ok: boo
     }
     for c in commits {
         if let Some(p) = partitions.get_mut(&c.partition) {
-            p.committed_epoch = c.epoch;
+            p.snapshots.committed_epoch = c.epoch;
         }
     }
 }

@@ -116,9 +116,10 @@ pub fn maybe_start(
 ) {
     if config.snapshot_after_markers == 0
         || !p.is_ready()
-        || p.snapshot_in_flight.is_some()
+        || p.snapshots.in_flight.is_some()
         || !p.snapshot_committed()
-        || p.last_snapshot_at
+        || p.snapshots
+            .last_begun_at
             .is_some_and(|t| now.duration_since(t) < config.snapshot_min_interval)
     {
         return;
@@ -129,7 +130,7 @@ pub fn maybe_start(
     if replay < config.snapshot_after_markers {
         return;
     }
-    let epoch = p.snapshot.map_or(1, |s| s.epoch + 1);
+    let epoch = p.snapshots.latest.map_or(1, |s| s.epoch + 1);
     let data = p.state.export();
     match store::write(producer, snapshots_topic, p.id, epoch, next, &data) {
         Ok(in_flight) => {
@@ -141,20 +142,20 @@ pub fn maybe_start(
                 replay_before = replay,
                 "writing a snapshot"
             );
-            p.snapshot_in_flight = Some(in_flight);
+            p.snapshots.in_flight = Some(in_flight);
         }
         Err(e) => metrics.emit(SnapshotFailed {
             partition: p.id,
             why: &e.to_string(),
         }),
     }
-    p.last_snapshot_at = Some(now);
+    p.snapshots.last_begun_at = Some(now);
 }
 
 /// Checks the snapshot being written for `p`: once every chunk is durable, it becomes the
 /// partition's pointer and the next commit names it.
 pub fn poll_in_flight(p: &mut OwnedPartition, metrics: &Metrics) {
-    let Some(in_flight) = p.snapshot_in_flight.as_mut() else {
+    let Some(in_flight) = p.snapshots.in_flight.as_mut() else {
         return;
     };
     let mut failed = None;
@@ -186,7 +187,7 @@ pub fn poll_in_flight(p: &mut OwnedPartition, metrics: &Metrics) {
             partition: p.id,
             why: &why,
         });
-        p.snapshot_in_flight = None;
+        p.snapshots.in_flight = None;
         return;
     }
     if !in_flight.chunks.is_empty() {
@@ -196,7 +197,7 @@ pub fn poll_in_flight(p: &mut OwnedPartition, metrics: &Metrics) {
         in_flight.offsets.iter().min(),
         in_flight.offsets.iter().max(),
     ) else {
-        p.snapshot_in_flight = None;
+        p.snapshots.in_flight = None;
         return;
     };
     let pointer = Pointer {
@@ -210,6 +211,6 @@ pub fn poll_in_flight(p: &mut OwnedPartition, metrics: &Metrics) {
         covers: pointer.covers,
         took: in_flight.started.elapsed(),
     });
-    p.snapshot = Some(pointer);
-    p.snapshot_in_flight = None;
+    p.snapshots.latest = Some(pointer);
+    p.snapshots.in_flight = None;
 }
