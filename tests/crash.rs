@@ -145,8 +145,17 @@ async fn killed_tracker_restarts_from_its_commit_and_redelivers_only_after_catch
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     kill9(&mut a);
-    // Every deadline passes while no tracker runs.
-    tokio::time::sleep(Duration::from_secs(9)).await;
+    // Every deadline passes while no tracker runs: wait until the newest Start's deadline
+    // (its broker timestamp plus the 8 s timeout) is behind us.
+    let newest_start = markers(&t.markers, 40)
+        .into_iter()
+        .filter(|(_, m)| matches!(m, Marker::Start { .. }))
+        .map(|(ts, _)| ts)
+        .max()
+        .expect("the Starts are in the markers topic");
+    while now_ms() < newest_start + 8_000 + 500 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let b_started = now_ms();
     let (mut b, admin_b) = spawn_tracker(&t, &group, 5);
 

@@ -258,17 +258,23 @@ async fn thousands_pending_through_a_tracker_sigkill_each_arrive_exactly_once() 
         r.unwrap();
     }
 
-    tokio::time::sleep(Duration::from_millis(8_000)).await;
+    // Killed while publishing: once a fifth is out, with most still pending.
+    wait_metric_http(&admin, "redelivery_schedules_published_total", |n| {
+        n >= (N / 5) as f64
+    })
+    .await;
     tracker.0.kill().unwrap();
     let killed = std::time::Instant::now();
     tracker.0.wait().unwrap();
+    // The downtime itself: schedules fall due while no tracker runs.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let (_tracker, admin) = start_tracker();
     let down = ready_at(&admin).await.duration_since(killed);
 
     let got = read(&t.source, N, Duration::from_secs(120));
-    // Anything published twice would be there by now; read a little longer to see it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A schedule is published before its End is written; once none is pending, nothing more
+    // can be published, so a duplicate would be in the topic now.
+    wait_metric_http(&admin, "redelivery_schedules_pending", |n| n == 0.0).await;
     let all = read(&t.source, N + 1, Duration::from_secs(5));
     assert!(got.len() >= N, "only {} of {N} arrived", got.len());
     let mut seen = std::collections::HashMap::new();
@@ -340,7 +346,7 @@ async fn a_tracker_killed_between_publishing_and_its_end_does_not_publish_twice(
     let (_tracker, admin) = tracker(None);
     wait_ready_http(&admin).await;
     let got = read(&t.source, N, Duration::from_secs(60));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_metric_http(&admin, "redelivery_schedules_pending", |n| n == 0.0).await;
     let all = read(&t.source, N + 1, Duration::from_secs(5));
     assert_eq!(got.len(), N);
     assert_eq!(all.len(), N, "a schedule was published twice");
@@ -375,14 +381,24 @@ async fn a_rolling_restart_of_two_replicas_publishes_each_schedule_once() {
     for r in futures::future::join_all(sends).await {
         r.unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    // Stopped while schedules fall due: once a quarter is out.
+    let published = |admin: &str| {
+        http_get(admin, "/metrics").map_or(0.0, |(_, b)| {
+            metric_sum(&b, "redelivery_schedules_published_total")
+        })
+    };
+    while published(&admin_a) + published(&admin_b) < (N / 4) as f64 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     sigterm(&a.0);
     assert!(a.0.wait().unwrap().success(), "graceful stop");
     let (_a, admin_a) = start_tracker();
     wait_ready_http(&admin_a).await;
 
     let got = read(&t.source, N, Duration::from_secs(60));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    for admin in [&admin_a, &admin_b] {
+        wait_metric_http(admin, "redelivery_schedules_pending", |n| n == 0.0).await;
+    }
     let all = read(&t.source, N + 1, Duration::from_secs(5));
     assert!(got.len() >= N, "only {} of {N} arrived", got.len());
     let mut seen = std::collections::HashMap::new();
