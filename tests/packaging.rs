@@ -6,14 +6,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::{example_bin, tracker_bin};
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
+use common::{example_bin, repo, tracker_bin};
 
 fn help(bin: &Path, args: &[&str]) -> String {
     let out = Command::new(bin).args(args).arg("--help").output().unwrap();

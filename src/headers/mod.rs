@@ -90,6 +90,19 @@ impl KafkaHeaders for OwnedHeaders {
     }
 }
 
+/// The value of the last header named `name` of a record, as text (bytes that are not UTF-8
+/// replaced): for reading the `kr-*` headers of a copy or a dead letter, for example
+/// `kr-dlq-reason`. Read byte for byte, so a header name that is not UTF-8 elsewhere in the
+/// record does no harm.
+pub fn record_text<M>(record: &M, name: &str) -> Option<String>
+where
+    M: rdkafka::message::Message,
+    M::Headers: KafkaHeaders,
+{
+    let list = from_kafka(record.headers());
+    value(&list, name).map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
 /// Builds librdkafka headers from a [`HeaderList`], names and values byte for byte.
 pub fn to_kafka(headers: &HeaderList) -> OwnedHeaders {
     raw::build(headers)

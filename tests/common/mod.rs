@@ -105,14 +105,11 @@ pub fn read(topic: &str, n: usize, timeout: Duration) -> Vec<OwnedMessage> {
     Cluster::shared().read(topic, n, timeout)
 }
 
-/// Value of the (last) header `name` as text.
-///
-/// Read with the crate's own byte-exact header reader: rdkafka's panics on a name that is not
-/// UTF-8.
+/// The value of the (last) header `name` as text, read with the crate's own byte-exact header
+/// reader (rdkafka's panics on a name that is not UTF-8). Not generic, so `&&OwnedMessage`
+/// from an iterator coerces.
 pub fn header(m: &OwnedMessage, name: &str) -> Option<String> {
-    let list = kafka_redelivery::headers::from_kafka(m.headers());
-    let value = kafka_redelivery::headers::value(&list, name)?;
-    Some(String::from_utf8_lossy(value).into_owned())
+    kafka_redelivery::headers::record_text(m, name)
 }
 
 /// A tracker running inside the test process.
@@ -225,6 +222,11 @@ pub async fn consumer_v1_of(
 /// A tracker config for tests: fast commits, the given max deliveries.
 pub fn tracker_config(t: &Topics, max_deliveries: u32) -> TrackerConfig {
     Cluster::shared().tracker_config(t, max_deliveries)
+}
+
+/// A file of this repository, by its path from the top.
+pub fn repo(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 /// Path of a binary built by cargo for these tests.

@@ -138,10 +138,7 @@ impl Drop for Rig {
     }
 }
 
-fn header(m: &OwnedMessage, name: &str) -> Option<String> {
-    let list = headers::from_kafka(m.headers());
-    headers::value(&list, name).map(|v| String::from_utf8_lossy(v).into_owned())
-}
+use crate::headers::record_text as header;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_due_delivery_becomes_a_copy_with_the_next_attempt_then_an_end() {
