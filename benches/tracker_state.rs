@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use kafka_redelivery::marker::{Marker, ScheduledRecord, SourceRef};
+use kafka_redelivery::marker::{Marker, Offsets, ScheduledRecord, Settle, SourceRef, StartBatch};
 use kafka_redelivery::tracker::state::PartitionState;
 
 const TOPICS: [&str; 4] = ["orders", "payments", "shipments", "invoices"];
@@ -38,6 +38,101 @@ fn start_end_markers(n: i64) -> Vec<Marker> {
         out.push(Marker::End { source: source(i) });
     }
     out
+}
+
+/// Version 2 markers for `n` records in batch Starts of `batch` consecutive offsets, spread
+/// over 16 source partitions; with `settled`, each batch is acked by one Settle ten batches
+/// later, as a busy consumer writes them.
+fn batched_markers(n: i64, batch: i64, settled: bool) -> Vec<Marker> {
+    let topic = |b: i64| TOPICS[(b % 4) as usize];
+    let partition = |b: i64| (b % 16) as i32;
+    // Batch b of a partition covers offsets (b / 16) * batch ..
+    let offsets = |b: i64| {
+        let mut o = Offsets::new();
+        for i in 0..batch {
+            o.push((b / 16) * batch + i);
+        }
+        o
+    };
+    let batches = n / batch;
+    let mut out = Vec::new();
+    let settle = |b: i64| {
+        let mut s = Settle::new(topic(b), partition(b));
+        s.ends = offsets(b);
+        Marker::Settle(Box::new(s))
+    };
+    for b in 0..batches {
+        out.push(Marker::StartBatch(Box::new(StartBatch {
+            topic: topic(b).into(),
+            partition: partition(b),
+            timeout_ms: 30_000,
+            offsets: offsets(b),
+            attempts: vec![],
+            timeouts: vec![],
+        })));
+        if settled && b >= 10 {
+            out.push(settle(b - 10));
+        }
+    }
+    if settled {
+        out.extend(((batches - 10).max(0)..batches).map(settle));
+    }
+    out
+}
+
+fn batched(c: &mut Criterion) {
+    let n = 100_000;
+    let markers = batched_markers(n, 500, true);
+    let mut g = c.benchmark_group("batched_records_started_and_settled");
+    g.throughput(Throughput::Elements(n as u64));
+    g.bench_function(BenchmarkId::from_parameter(n), |b| {
+        b.iter(|| {
+            let mut s = PartitionState::new();
+            for (offset, m) in markers.iter().enumerate() {
+                black_box(s.on_marker(offset as i64, 0, m));
+            }
+            s
+        })
+    });
+    g.finish();
+}
+
+fn memory_per_batched_delivery() {
+    let n = 1_000_000;
+    let markers = batched_markers(n, 500, false);
+    let before = rss_bytes();
+    let mut s = PartitionState::new();
+    for (offset, m) in markers.iter().enumerate() {
+        s.on_marker(offset as i64, offset as i64, m);
+    }
+    let after = rss_bytes();
+    if let (Some(b), Some(a)) = (before, after) {
+        println!(
+            "memory: {} deliveries in flight in batch Starts of 500, resident set grew by {:.2} MiB = {:.2} bytes per in-flight delivery",
+            s.in_flight(),
+            (a.saturating_sub(b)) as f64 / (1024.0 * 1024.0),
+            (a.saturating_sub(b)) as f64 / n as f64
+        );
+    }
+    // Then each record is kept alive on its own schedule: every one leaves its group for a
+    // slot of its own, and the figure must be no worse than version 1's.
+    let mut offset = markers.len() as i64;
+    for m in &markers {
+        let Marker::StartBatch(b) = m else { continue };
+        let mut keep = Settle::new(b.topic.clone(), b.partition);
+        keep.keep_alives = b.offsets.iter().map(|o| (o, 60_000)).collect();
+        s.on_marker(offset, offset, &Marker::Settle(Box::new(keep)));
+        offset += 1;
+    }
+    let after = rss_bytes();
+    if let (Some(b), Some(a)) = (before, after) {
+        println!(
+            "memory: the same {} deliveries, each kept alive on its own: {:.1} bytes per in-flight delivery",
+            s.in_flight(),
+            (a.saturating_sub(b)) as f64 / n as f64
+        );
+    }
+    drop(black_box(s));
 }
 
 /// A state holding `n` deliveries whose deadlines are spread over one minute.
@@ -190,8 +285,12 @@ fn main() {
         memory_with_an_old_schedule();
         return;
     }
+    if std::env::var_os("KR_BENCH_BATCHED").is_some() {
+        memory_per_batched_delivery();
+        return;
+    }
     if let Ok(me) = std::env::current_exe() {
-        for case in ["KR_BENCH_SCHEDULES", "KR_BENCH_AGED"] {
+        for case in ["KR_BENCH_SCHEDULES", "KR_BENCH_AGED", "KR_BENCH_BATCHED"] {
             let _ = std::process::Command::new(&me).env(case, "1").status();
         }
     }
@@ -200,6 +299,7 @@ fn main() {
         .measurement_time(Duration::from_secs(5))
         .configure_from_args();
     start_end(&mut c);
+    batched(&mut c);
     expiry(&mut c);
     c.final_summary();
 }

@@ -11,6 +11,10 @@
 //! numbers finds a slot by key, and the deadline heap holds (deadline, slot number) pairs of 16
 //! bytes. Payloads are never held. BENCHMARKS.md has the measured bytes per delivery.
 //!
+//! Records started together by one version 2 batch Start cost far less: they share a *group*
+//! (`groups.rs`, one bit per record and one heap entry per group) until one of them is treated
+//! apart, which promotes it to a slot of its own.
+//!
 //! Keys are hashed with the Fx hash: they come from our own markers topic, not from an adversary
 //! choosing collisions, and it is several times cheaper than SipHash on a 16-byte key.
 
@@ -24,6 +28,11 @@ use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 use crate::marker::{Marker, SourceRef};
 
 use crate::tracker::core::interner::Interner;
+use groups::{Groups, Member};
+
+/// Heap entries naming a group rather than a slot carry this bit (slot numbers stay below it:
+/// 2^31 slots would not fit in memory).
+const GROUP_TAG: u32 = 1 << 31;
 
 /// A delivery's identity inside one partition state: its source coordinates with the topic
 /// replaced by an interned number.
@@ -240,6 +249,8 @@ pub struct PartitionState {
     /// When in-flight items started, to tell the age of the oldest delivery without storing
     /// a start time per delivery; bounded in size.
     time_index: TimeIndex,
+    /// Records of batch Starts that are still treated alike (see `groups.rs`).
+    groups: Groups,
 }
 
 fn hash(key: &Key) -> u64 {
@@ -318,21 +329,7 @@ impl PartitionState {
         mut each: impl FnMut(Applied, i64),
     ) {
         match marker {
-            Marker::StartBatch(b) => {
-                let topic = self.topics.intern(&b.topic);
-                for (source_offset, timeout_ms, attempt) in b.records() {
-                    let key = Key {
-                        topic,
-                        partition: b.partition,
-                        offset: source_offset,
-                    };
-                    let deadline = timestamp_ms.saturating_add(i64::from(timeout_ms));
-                    each(
-                        self.start(offset, timestamp_ms, key, deadline, attempt),
-                        source_offset,
-                    );
-                }
-            }
+            Marker::StartBatch(b) => self.start_batch(offset, timestamp_ms, b, &mut each),
             Marker::Settle(s) => {
                 let topic = self.topics.get(&s.topic);
                 let key = |offset| {
@@ -359,6 +356,97 @@ impl PartitionState {
         }
     }
 
+    /// A batch Start: the records that are new and have the batch's own timeout and attempt 1
+    /// share a group; the others (started again, copies, their own timeout) go one by one.
+    fn start_batch(
+        &mut self,
+        offset: i64,
+        ts: i64,
+        b: &crate::marker::StartBatch,
+        each: &mut impl FnMut(Applied, i64),
+    ) {
+        let topic = self.topics.intern(&b.topic);
+        let key = |offset| Key {
+            topic,
+            partition: b.partition,
+            offset,
+        };
+        let deadline = ts.saturating_add(i64::from(b.timeout_ms));
+        let mut alike = Vec::with_capacity(b.offsets.len());
+        for (source_offset, timeout_ms, attempt) in b.records() {
+            let k = key(source_offset);
+            if timeout_ms == b.timeout_ms && attempt == 1 && !self.tracked(&k) {
+                alike.push(source_offset);
+            } else {
+                let deadline = ts.saturating_add(i64::from(timeout_ms));
+                each(self.start(offset, ts, k, deadline, attempt), source_offset);
+            }
+        }
+        match self
+            .groups
+            .insert(topic, b.partition, &alike, offset, deadline)
+        {
+            Some(group) => {
+                self.push_deadline(deadline, GROUP_TAG | group);
+                self.sample_time(offset, ts);
+                for o in alike {
+                    each(Applied::Started, o);
+                }
+            }
+            None => {
+                for o in alike {
+                    each(self.start(offset, ts, key(o), deadline, 1), o);
+                }
+            }
+        }
+    }
+
+    /// Whether `key` is in flight, in a slot or a group.
+    fn tracked(&self, key: &Key) -> bool {
+        self.find(key).is_some() || self.member(key).is_some()
+    }
+
+    fn member(&self, key: &Key) -> Option<Member> {
+        self.groups.find(key.topic, key.partition, key.offset)
+    }
+
+    /// The slot of `key`, taking it out of its group first if it is in one: a record treated
+    /// apart from its batch goes on as a delivery of its own, with the group's Start offset,
+    /// deadline and attempt, dispatched if the group's was.
+    ///
+    /// A promoted waiting record gets no heap entry here: both callers (`start`, `reschedule`)
+    /// give it a new deadline at once, or leave it alone only when it is dispatched, which
+    /// needs none. An entry here would only go stale.
+    fn find_promoting(&mut self, key: &Key) -> Option<u32> {
+        if let Some(i) = self.find(key) {
+            return Some(i);
+        }
+        let m = self.member(key)?;
+        let dispatched = self.groups.is_dispatched(m);
+        let g = self.groups.get(m.group)?;
+        let phase = if dispatched {
+            Phase::Dispatched
+        } else {
+            Phase::Waiting
+        };
+        let slot = Slot {
+            key: *key,
+            deadline_ms: g.deadline_ms,
+            meta: Meta::new(g.start_offset, 1, phase),
+        };
+        self.groups.take(m);
+        Some(self.insert(slot))
+    }
+
+    /// Whether the heap entry (deadline, `i`) still stands for something due then.
+    fn is_live_entry(&self, deadline: i64, i: u32) -> bool {
+        if i & GROUP_TAG != 0 {
+            self.groups.is_due_at(i & !GROUP_TAG, deadline)
+        } else {
+            self.slots[i as usize].is_due_at(deadline)
+        }
+    }
+
     fn keep_alive(&mut self, key: Option<Key>, ts: i64, timeout_ms: u32) -> Applied {
         let deadline = ts.saturating_add(i64::from(timeout_ms));
         self.reschedule(key, deadline, Phase::Waiting, Applied::KeptAlive)
@@ -378,7 +466,7 @@ impl PartitionState {
     }
 
     fn start(&mut self, offset: i64, ts: i64, key: Key, deadline: i64, attempt: u32) -> Applied {
-        if let Some(i) = self.find(&key) {
+        if let Some(i) = self.find_promoting(&key) {
             let slot = &mut self.slots[i as usize];
             match slot.meta.phase() {
                 Phase::Dispatched => return Applied::Odd(Oddity::LateForRedelivery),
@@ -417,7 +505,7 @@ impl PartitionState {
     fn schedule(&mut self, offset: i64, ts: i64, due: i64) -> Applied {
         let home = self.home_ref(offset);
         let key = self.intern(&home);
-        if self.find(&key).is_some() {
+        if self.tracked(&key) {
             // One marker offset is read once per assignment; nothing to do if it repeats.
             return Applied::Scheduled;
         }
@@ -436,7 +524,7 @@ impl PartitionState {
     }
 
     fn reschedule(&mut self, key: Option<Key>, due: i64, phase: Phase, ok: Applied) -> Applied {
-        let Some(i) = key.and_then(|k| self.find(&k)) else {
+        let Some(i) = key.and_then(|k| self.find_promoting(&k)) else {
             return Applied::Odd(Oddity::SettleWithoutStart);
         };
         let slot = &mut self.slots[i as usize];
@@ -462,6 +550,10 @@ impl PartitionState {
         let Some(key) = key else {
             return Applied::Odd(Oddity::EndWithoutStart);
         };
+        if let Some(m) = self.member(&key) {
+            self.groups.take(m);
+            return Applied::Ended;
+        }
         self.reject_reasons.remove(&key);
         let was_scheduled = self
             .find(&key)
@@ -483,6 +575,13 @@ impl PartitionState {
             };
             if deadline > now_ms {
                 break;
+            }
+            if i & GROUP_TAG != 0 {
+                if self.expire_group(i & !GROUP_TAG, deadline, limit - out.len(), &mut out) {
+                    break; // the limit was reached with records still waiting
+                }
+                self.deadlines.pop();
+                continue;
             }
             self.deadlines.pop();
             let slot = &mut self.slots[i as usize];
@@ -510,10 +609,37 @@ impl PartitionState {
         out
     }
 
+    /// Dispatches up to `limit` waiting records of group `id` due at `deadline` into `out`;
+    /// true if some still wait.
+    fn expire_group(
+        &mut self,
+        id: u32,
+        deadline: i64,
+        limit: usize,
+        out: &mut Vec<Expiry>,
+    ) -> bool {
+        if !self.groups.is_due_at(id, deadline) {
+            return false;
+        }
+        let Some(g) = self.groups.get(id) else {
+            return false;
+        };
+        let (topic, partition) = (self.topics.name(g.topic).to_string(), g.partition);
+        let (offsets, more) = self.groups.dispatch(id, limit);
+        out.extend(offsets.into_iter().map(|offset| Expiry {
+            source: SourceRef::new(topic.clone(), partition, offset),
+            attempt: 1,
+            cause: Cause::Timeout,
+            deadline_ms: deadline,
+            due_before_takeover: false,
+        }));
+        more
+    }
+
     /// The earliest deadline still pending, in partition time (ms).
     pub fn next_deadline(&mut self) -> Option<i64> {
         while let Some(&Reverse((deadline, i))) = self.deadlines.peek() {
-            if self.slots[i as usize].is_due_at(deadline) {
+            if self.is_live_entry(deadline, i) {
                 return Some(deadline);
             }
             self.deadlines.pop();
@@ -527,7 +653,7 @@ impl PartitionState {
         // Keep the n smallest in a small max-heap rather than collecting every deadline.
         let mut smallest: BinaryHeap<i64> = BinaryHeap::with_capacity(n + 1);
         for Reverse((d, i)) in self.deadlines.iter() {
-            if !self.slots[*i as usize].is_due_at(*d) || smallest.iter().any(|s| s == d) {
+            if !self.is_live_entry(*d, *i) || smallest.iter().any(|s| s == d) {
                 continue;
             }
             smallest.push(*d);
@@ -540,15 +666,21 @@ impl PartitionState {
 
     /// Number of deliveries in flight, including those being redelivered.
     pub fn in_flight(&self) -> usize {
-        self.index.len()
+        self.index.len() + self.groups.live()
     }
 
     /// The commit offset, size and oldest age, given the offset after the last marker read and
     /// the current partition time.
     pub fn summary(&mut self, next_offset: i64, now_ms: i64) -> Summary {
-        let mut oldest: Option<&Slot> = None;
+        // (Start offset, key) of the item holding the commit back.
+        let mut oldest: Option<(i64, Key)> = None;
         let mut oldest_delivery: Option<i64> = None;
         let mut scheduled = 0;
+        let mut consider = |start: i64, key: Key| {
+            if oldest.is_none_or(|(o, _)| start < o) {
+                oldest = Some((start, key));
+            }
+        };
         for slot in &self.slots {
             let start = slot.meta.start_offset();
             match slot.meta.phase() {
@@ -556,11 +688,25 @@ impl PartitionState {
                 Phase::Scheduled => scheduled += 1,
                 _ => oldest_delivery = Some(oldest_delivery.map_or(start, |o| o.min(start))),
             }
-            if oldest.is_none_or(|o| start < o.meta.start_offset()) {
-                oldest = Some(slot);
-            }
+            consider(start, slot.key);
         }
-        let Some(oldest) = oldest else {
+        for g in self.groups.iter() {
+            let Some(offset) = g.first_live() else {
+                continue;
+            };
+            let start = g.start_offset;
+            oldest_delivery = Some(oldest_delivery.map_or(start, |o| o.min(start)));
+            let (topic, partition) = (g.topic, g.partition);
+            consider(
+                start,
+                Key {
+                    topic,
+                    partition,
+                    offset,
+                },
+            );
+        }
+        let Some((min_start, key)) = oldest else {
             self.time_index.clear();
             return Summary {
                 commit_offset: next_offset,
@@ -570,8 +716,6 @@ impl PartitionState {
                 scheduled: 0,
             };
         };
-        let min_start = oldest.meta.start_offset();
-        let key = oldest.key;
         let oldest = SourceRef::new(self.topics.name(key.topic), key.partition, key.offset);
         self.time_index.prune(min_start);
         // The age is the oldest *delivery's*: a schedule for next week is not a stuck consumer.
@@ -633,12 +777,8 @@ impl PartitionState {
         // A reused slot can make an old entry look live again when the new delivery has the
         // same deadline, so the sweep also drops duplicates.
         if self.deadlines.len() > 2 * self.in_flight() + 1024 {
-            let slots = &self.slots;
-            let mut live: Vec<_> = std::mem::take(&mut self.deadlines)
-                .into_vec()
-                .into_iter()
-                .filter(|Reverse((d, i))| slots[*i as usize].is_due_at(*d))
-                .collect();
+            let mut live: Vec<_> = std::mem::take(&mut self.deadlines).into_vec();
+            live.retain(|Reverse((d, i))| self.is_live_entry(*d, *i));
             live.sort_unstable();
             live.dedup();
             self.deadlines = BinaryHeap::from(live);
@@ -663,6 +803,7 @@ impl PartitionState {
 }
 
 mod export;
+mod groups;
 mod time_index;
 pub use export::{EntryKind, Exported, ExportedEntry};
 use time_index::TimeIndex;

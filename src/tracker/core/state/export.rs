@@ -107,6 +107,20 @@ impl PartitionState {
                 reason: self.reject_reasons.get(&slot.key).cloned(),
             });
         }
+        // Grouped records come back as slots of their own: the same deliveries, dearer to hold
+        // until they end, and a snapshot's format needs no new entry kind.
+        for g in self.groups.iter() {
+            entries.extend(g.records().map(|(offset, _dispatched)| ExportedEntry {
+                topic: g.topic,
+                partition: g.partition,
+                offset,
+                deadline_ms: g.deadline_ms,
+                start_offset: g.start_offset,
+                attempt: 1,
+                kind: EntryKind::Waiting,
+                reason: None,
+            }));
+        }
         Exported {
             topics,
             entries,

@@ -244,8 +244,9 @@ mod model {
         Advance(i64),
     }
 
+    /// Keys 0..24: few enough that settlements often hit what batches started.
     pub fn op() -> impl Strategy<Value = Op> {
-        let key = 0..6i64;
+        let key = 0..24i64;
         prop_oneof![
             3 => (key.clone(), 1..300u32, 1..4u32).prop_map(|(k, t, a)| Op::Start(k, t, a)),
             1 => (key.clone(), 1..300u32).prop_map(|(k, t)| Op::KeepAlive(k, t)),
@@ -253,6 +254,17 @@ mod model {
             1 => (key.clone(), 0..300u64).prop_map(|(k, d)| Op::Nack(k, d)),
             1 => key.prop_map(Op::Reject),
             2 => (0..200i64).prop_map(Op::Advance),
+        ]
+    }
+
+    /// A settlement of one of the keys: what a version 2 Settle carries.
+    pub fn settlement() -> impl Strategy<Value = Op> {
+        let key = 0..24i64;
+        prop_oneof![
+            1 => (key.clone(), 1..300u32).prop_map(|(k, t)| Op::KeepAlive(k, t)),
+            3 => key.clone().prop_map(Op::End),
+            1 => (key.clone(), 0..300u64).prop_map(|(k, d)| Op::Nack(k, d)),
+            1 => key.prop_map(Op::Reject),
         ]
     }
 
@@ -358,6 +370,10 @@ mod model {
 enum Step {
     One(model::Op),
     Starts(Vec<model::Op>),
+    /// A batch Start of keys `first..first + len` but those whose bit is set in the mask,
+    /// all with the batch's timeout (100) and attempt 1: what a poll batch looks like, and what
+    /// the state keeps as a group.
+    Run(i64, i64, u32),
     Settle(Vec<model::Op>),
 }
 
@@ -367,16 +383,13 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         (0..6i64, 1..300u32, 1..4u32).prop_map(|(k, t, a)| model::Op::Start(k, t, a)),
         1..5,
     );
-    let settles = proptest::collection::vec(
-        model::op().prop_filter("settlements only", |op| {
-            !matches!(op, model::Op::Start(..) | model::Op::Advance(_))
-        }),
-        1..6,
-    );
+    let settles = proptest::collection::vec(model::settlement(), 1..12);
+    let run = (0..24i64, 1..20i64, any::<u32>()).prop_map(|(f, n, mask)| Step::Run(f, n, mask));
     prop_oneof![
         4 => model::op().prop_map(Step::One),
         1 => starts.prop_map(Step::Starts),
-        1 => settles.prop_map(Step::Settle),
+        2 => run,
+        2 => settles.prop_map(Step::Settle),
     ]
 }
 
@@ -421,6 +434,24 @@ impl Step {
                 }
                 (ops, Marker::StartBatch(Box::new(b)))
             }
+            Step::Run(first, len, mask) => {
+                let mut b = crate::marker::StartBatch {
+                    topic: "orders".into(),
+                    partition: 0,
+                    timeout_ms: 100,
+                    offsets: crate::marker::Offsets::new(),
+                    attempts: vec![],
+                    timeouts: vec![],
+                };
+                let keys = (*first..first + len).filter(|k| mask & (1 << (k - first)) == 0);
+                let ops: Vec<Op> = keys.map(|k| Op::Start(k, 100, 1)).collect();
+                for op in &ops {
+                    if let Op::Start(k, ..) = op {
+                        b.offsets.push(*k);
+                    }
+                }
+                (ops, Marker::StartBatch(Box::new(b)))
+            }
             Step::Settle(ops) => {
                 let keep = last_per_key(ops, |op| match op {
                     Op::KeepAlive(k, _) => Some(*k),
@@ -461,6 +492,7 @@ impl Step {
 }
 
 proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
     /// The state against the model, fed version 1 and version 2 markers mixed: a version 2
     /// marker must do exactly what the version 1 markers it stands for would.
     #[test]
@@ -623,4 +655,100 @@ fn a_pending_schedule_holds_the_commit_but_is_not_an_old_delivery() {
     );
     s.on_marker(12, 61_000, &Marker::End { source: src(1) });
     assert_eq!(s.summary(13, 61_000).oldest_age_ms, 0);
+}
+
+fn batch_start(offsets: std::ops::Range<i64>, timeout_ms: u32) -> Marker {
+    let mut b = crate::marker::StartBatch {
+        topic: "orders".into(),
+        partition: 0,
+        timeout_ms,
+        offsets: crate::marker::Offsets::new(),
+        attempts: vec![],
+        timeouts: vec![],
+    };
+    for o in offsets {
+        b.offsets.push(o);
+    }
+    Marker::StartBatch(Box::new(b))
+}
+
+#[test]
+fn a_grouped_batch_expires_in_steps_of_the_limit_and_holds_the_commit_until_its_ends() {
+    let mut s = PartitionState::new();
+    s.on_marker(7, 1_000, &batch_start(0..1_000, 500));
+    assert_eq!(s.in_flight(), 1_000);
+    assert_eq!(s.next_deadline(), Some(1_500));
+    assert!(s.expired(1_499, usize::MAX).is_empty());
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let due = s.expired(1_500, 300);
+        assert!(due
+            .iter()
+            .all(|e| e.attempt == 1 && e.cause == Cause::Timeout));
+        seen.extend(due.into_iter().map(|e| e.source.offset));
+    }
+    assert_eq!(seen, (0..1_000).collect::<Vec<_>>(), "each once, in order");
+    assert!(s.expired(10_000, usize::MAX).is_empty());
+    assert_eq!(s.next_deadline(), None);
+    // Dispatched, not forgotten: the commit stays at the batch Start until the Ends come back.
+    assert_eq!(s.summary(8, 2_000).commit_offset, 7);
+    let mut ends = crate::marker::Settle::new("orders", 0);
+    for o in 0..1_000 {
+        ends.ends.push(o);
+    }
+    s.on_marker(8, 2_000, &Marker::Settle(Box::new(ends)));
+    assert_eq!(s.in_flight(), 0);
+    assert_eq!(s.summary(9, 2_000).commit_offset, 9);
+}
+
+#[test]
+fn a_record_treated_apart_from_its_batch_goes_on_alone() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &batch_start(0..10, 100));
+    let mut settle = crate::marker::Settle::new("orders", 0);
+    settle.keep_alives.push((1, 1_000));
+    settle.nacks.push((2, 50));
+    settle.rejects.push((3, "bad".into()));
+    settle.ends.push(4);
+    s.on_marker(1, 10, &Marker::Settle(Box::new(settle)));
+    assert_eq!(s.in_flight(), 9);
+    let due = |s: &mut PartitionState, now| {
+        let mut d: Vec<_> = s
+            .expired(now, usize::MAX)
+            .into_iter()
+            .map(|e| (e.source.offset, e.cause))
+            .collect();
+        d.sort_by_key(|e| e.0);
+        d
+    };
+    assert_eq!(due(&mut s, 10), vec![(3, Cause::Rejected("bad".into()))]);
+    assert_eq!(due(&mut s, 60), vec![(2, Cause::Nacked)]);
+    let rest: Vec<_> = [0, 5, 6, 7, 8, 9].map(|o| (o, Cause::Timeout)).into();
+    assert_eq!(due(&mut s, 100), rest);
+    assert_eq!(due(&mut s, 1_010), vec![(1, Cause::Timeout)]);
+    // A Start for a record already being redelivered changes nothing.
+    assert_eq!(
+        s.on_marker(2, 1_020, &start(5, 100, 1)),
+        Applied::Odd(Oddity::LateForRedelivery)
+    );
+    assert_eq!(s.summary(3, 1_020).commit_offset, 0);
+}
+
+#[test]
+fn a_batch_started_again_refreshes_its_records_one_by_one() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &batch_start(0..8, 100));
+    let mut outcomes = Vec::new();
+    s.on_batch(1, 50, &batch_start(0..8, 100), |a, o| outcomes.push((o, a)));
+    assert!(outcomes.iter().all(|(_, a)| *a == Applied::Restarted));
+    assert!(
+        s.expired(100, usize::MAX).is_empty(),
+        "deadlines moved to 150"
+    );
+    assert_eq!(s.expired(150, usize::MAX).len(), 8);
+    assert_eq!(
+        s.summary(2, 150).commit_offset,
+        0,
+        "the first Start still holds"
+    );
 }
