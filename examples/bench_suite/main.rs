@@ -69,7 +69,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "plain,floor,ours,share")]
     kinds: Vec<Kind>,
     /// The marker format "ours" writes: v2 (batched, the client's default) or v1 (one marker
-    /// per record), to compare the two with everything else equal.
+    /// per record), to compare the two with everything else equal; the tracker-alone scenario
+    /// writes its markers in it too.
     #[arg(long, default_value = "v2", value_parser = consumers::parse_format)]
     ours_format: kafka_redelivery::client::MarkerFormat,
 }
@@ -546,7 +547,15 @@ async fn main() -> Result<(), Error> {
         false => None,
     };
     let alone = match plan.runs(Part::Alone) {
-        true => Some(tracker::alone(&args.brokers, plan.alone_pairs, plan.alone_in_flight).await?),
+        true => Some(
+            tracker::alone(
+                &args.brokers,
+                plan.alone_pairs,
+                plan.alone_in_flight,
+                args.ours_format,
+            )
+            .await?,
+        ),
         false => None,
     };
     let results = Results {

@@ -4,7 +4,10 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kafka_redelivery::marker::{encode, markers_partition, Marker, SourceRef};
+use kafka_redelivery::client::MarkerFormat;
+use kafka_redelivery::marker::{
+    encode, markers_partition, Marker, Offsets, Settle, SourceRef, StartBatch,
+};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use redelivery_testkit::admin::{http_get, wait_ready, AdminAddr};
 use redelivery_testkit::metrics::{bucket_quantile, histogram_buckets};
@@ -122,44 +125,101 @@ pub fn lag_quantile_ms(metrics: &[String], q: f64) -> Option<f64> {
     bucket_quantile(&lag_buckets(metrics), q).map(|le| le * 1000.0)
 }
 
-/// Writes `n` Start markers (and, with `ended`, their Ends) for records of one source topic.
-async fn write_markers(brokers: &str, markers: &str, n: usize, ended: bool) -> Result<(), Error> {
+/// Writes Start markers for `n` records of one source topic (and, with `ended`, their Ends),
+/// in `format`: one marker per record and settlement (v1), or a batch Start and a Settle per
+/// 500 consecutive records of one source partition (v2), as the client writes them.
+async fn write_markers(
+    brokers: &str,
+    markers: &str,
+    n: usize,
+    ended: bool,
+    format: MarkerFormat,
+) -> Result<(), Error> {
     let p: FutureProducer = client(brokers)
         .set("linger.ms", "20")
         .set("batch.num.messages", "10000")
         .set("enable.idempotence", "true")
         .create()?;
-    let source = "bench-source";
-    for chunk in (0..n).collect::<Vec<_>>().chunks(20_000) {
-        let mut sends = Vec::with_capacity(chunk.len() * 2);
-        for &i in chunk {
-            let s = SourceRef::new(source, (i % 64) as i32, i as i64);
-            let partition = markers_partition(&s.topic, s.partition, PARTITIONS);
-            let mut ms = vec![Marker::Start {
-                source: s.clone(),
-                timeout_ms: 3_600_000,
-                attempt: 1,
-            }];
-            if ended {
-                ms.push(Marker::End { source: s });
-            }
-            for m in ms {
-                let bytes = encode(&m);
-                sends.push(
-                    p.send_result(
-                        FutureRecord::<(), _>::to(markers)
-                            .partition(partition)
-                            .payload(&bytes),
-                    )
-                    .map_err(|(e, _)| e)?,
-                );
-            }
+    let all = match format {
+        MarkerFormat::V2 => v2_markers(n, ended),
+        _ => v1_markers(n, ended),
+    };
+    for chunk in all.chunks(20_000) {
+        let mut sends = Vec::with_capacity(chunk.len());
+        for (partition, bytes) in chunk {
+            sends.push(
+                p.send_result(
+                    FutureRecord::<(), _>::to(markers)
+                        .partition(*partition)
+                        .payload(bytes),
+                )
+                .map_err(|(e, _)| e)?,
+            );
         }
         for r in futures::future::join_all(sends).await {
             r?.map_err(|(e, _)| e)?;
         }
     }
     Ok(())
+}
+
+const SOURCE: &str = "bench-source";
+const SOURCE_PARTITIONS: i32 = 64;
+const BATCH: usize = 500;
+
+/// (markers partition, encoded marker) for `n` records, one marker per record and settlement.
+fn v1_markers(n: usize, ended: bool) -> Vec<(i32, Vec<u8>)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let s = SourceRef::new(SOURCE, i as i32 % SOURCE_PARTITIONS, i as i64);
+        let partition = markers_partition(&s.topic, s.partition, PARTITIONS);
+        out.push((
+            partition,
+            encode(&Marker::Start {
+                source: s.clone(),
+                timeout_ms: 3_600_000,
+                attempt: 1,
+            }),
+        ));
+        if ended {
+            out.push((partition, encode(&Marker::End { source: s })));
+        }
+    }
+    out
+}
+
+/// The same `n` records in batch Starts of 500 consecutive offsets per source partition, each
+/// followed (with `ended`) by one Settle acking the batch.
+fn v2_markers(n: usize, ended: bool) -> Vec<(i32, Vec<u8>)> {
+    let mut out = Vec::new();
+    for b in 0..n.div_ceil(BATCH) {
+        let source_partition = b as i32 % SOURCE_PARTITIONS;
+        let first = (b / SOURCE_PARTITIONS as usize * BATCH) as i64;
+        let count = BATCH.min(n - b * BATCH);
+        let mut offsets = Offsets::new();
+        for i in 0..count as i64 {
+            offsets.push(first + i);
+        }
+        let partition = markers_partition(SOURCE, source_partition, PARTITIONS);
+        let mut settle = Settle::new(SOURCE, source_partition);
+        settle.ends = offsets.clone();
+        out.push((partition, encode(&start_batch(source_partition, offsets))));
+        if ended {
+            out.push((partition, encode(&Marker::Settle(Box::new(settle)))));
+        }
+    }
+    out
+}
+
+fn start_batch(partition: i32, offsets: Offsets) -> Marker {
+    Marker::StartBatch(Box::new(StartBatch {
+        topic: SOURCE.into(),
+        partition,
+        timeout_ms: 3_600_000,
+        offsets,
+        attempts: vec![],
+        timeouts: vec![],
+    }))
 }
 
 fn snapshots_written(metrics: &str) -> f64 {
@@ -173,8 +233,12 @@ fn snapshots_written(metrics: &str) -> f64 {
 /// Results of the tracker-alone scenario.
 #[derive(Debug, serde::Serialize)]
 pub struct Alone {
+    /// The marker format written: v1 or v2.
+    pub marker_format: String,
     pub markers_applied: usize,
     pub markers_per_second: f64,
+    /// Records those markers started and settled (v1: half the markers).
+    pub records_per_second: f64,
     pub in_flight: usize,
     pub bytes_per_in_flight: f64,
     pub restart_to_ready_ms: f64,
@@ -195,8 +259,14 @@ async fn markers_topic(brokers: &str) -> Result<String, Error> {
     Ok(name)
 }
 
-/// `pairs` Start+End pairs replayed, then `in_flight` Starts held, each by a fresh tracker.
-pub async fn alone(brokers: &str, pairs: usize, in_flight: usize) -> Result<Alone, Error> {
+/// `pairs` Start+End pairs replayed (40 times as many records with version 2), then
+/// `in_flight` Starts held, each by a fresh tracker.
+pub async fn alone(
+    brokers: &str,
+    pairs: usize,
+    in_flight: usize,
+    format: MarkerFormat,
+) -> Result<Alone, Error> {
     // An idle tracker: the baseline for memory and time to ready.
     let idle_topic = markers_topic(brokers).await?;
     let (idle, idle_ready) = TrackerProcess::start(brokers, &idle_topic, &unique("g"))?;
@@ -204,17 +274,26 @@ pub async fn alone(brokers: &str, pairs: usize, in_flight: usize) -> Result<Alon
     let idle_rss = idle.resident_bytes();
     drop(idle);
 
+    // Version 2 names 500 records per marker: replay as many *markers* as version 1 would
+    // take, or the replay hides inside the time an idle tracker takes to be ready.
+    let pairs = match format {
+        MarkerFormat::V2 => pairs * 40,
+        _ => pairs,
+    };
     let replay_topic = markers_topic(brokers).await?;
-    write_markers(brokers, &replay_topic, pairs, true).await?;
+    write_markers(brokers, &replay_topic, pairs, true, format).await?;
     let (t, ready) = TrackerProcess::start(brokers, &replay_topic, &unique("g"))?;
     drop(t);
-    let applied = pairs * 2;
+    let applied = match format {
+        MarkerFormat::V2 => 2 * pairs.div_ceil(BATCH),
+        _ => pairs * 2,
+    };
     let replay = ready
         .saturating_sub(idle_ready)
         .max(Duration::from_millis(1));
 
     let held_topic = markers_topic(brokers).await?;
-    write_markers(brokers, &held_topic, in_flight, false).await?;
+    write_markers(brokers, &held_topic, in_flight, false, format).await?;
     let (t, restart) = TrackerProcess::start(brokers, &held_topic, &unique("g"))?;
     std::thread::sleep(Duration::from_secs(1));
     let rss = t.resident_bytes();
@@ -256,8 +335,10 @@ pub async fn alone(brokers: &str, pairs: usize, in_flight: usize) -> Result<Alon
     let snapshots = format!("{held_topic}.snapshots");
     drop_topics(brokers, &[idle_topic, replay_topic, held_topic, snapshots]).await;
     Ok(Alone {
+        marker_format: format!("{format:?}").to_lowercase(),
         markers_applied: applied,
         markers_per_second: applied as f64 / replay.as_secs_f64(),
+        records_per_second: pairs as f64 / replay.as_secs_f64(),
         in_flight,
         bytes_per_in_flight: rss.saturating_sub(idle_rss) as f64 / in_flight.max(1) as f64,
         restart_to_ready_ms: restart.as_secs_f64() * 1000.0,

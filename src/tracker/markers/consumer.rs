@@ -320,6 +320,7 @@ impl MarkersLoop {
             self.consumer
                 .context()
                 .install_restores(&self.consumer, Instant::now());
+            self.publish_ready_early();
             self.send_ticks(&mut ticks);
             self.dispatch_due();
             if Instant::now() >= next_commit {
@@ -413,6 +414,21 @@ impl MarkersLoop {
         let mut owned = self.consumer.context().lock();
         plan::wake_at(&mut owned.partitions, now, next_commit, MAX_WAIT, room)
             .saturating_duration_since(now)
+    }
+
+    /// Says "ready" as soon as the last partition has read its Tick back, rather than at the
+    /// next commit interval (which made every restart look up to an interval slower than it
+    /// was). Becoming unready still waits for the interval: readiness is for probes and
+    /// operators, while what may be redelivered is decided per partition by its own Tick.
+    fn publish_ready_early(&self) {
+        if self.ready.is_ready() {
+            return;
+        }
+        let owned = self.consumer.context().lock();
+        if plan::all_ready(&owned.partitions, owned.assigned_once) {
+            self.ready.set(true);
+            self.metrics.readiness(true, owned.partitions.len());
+        }
     }
 
     fn send_ticks(&self, pending: &mut Vec<DeliveryFuture>) {

@@ -88,6 +88,12 @@ pub(crate) struct Interval {
     pub(crate) all_ready: bool,
 }
 
+/// Whether the tracker is ready: it has been assigned its partitions at least once, and every
+/// partition it owns has read its own Tick back.
+pub(crate) fn all_ready(partitions: &Partitions, assigned_once: bool) -> bool {
+    assigned_once && partitions.values().all(OwnedPartition::is_ready)
+}
+
 /// The commit interval at local instant `now`: one summary per partition serves its view,
 /// `snapshot` (called with the partition and its oldest item's offset, to begin a snapshot if
 /// one is due) and its commit. A commit is planned only when it would change something: the
@@ -98,13 +104,12 @@ pub(crate) fn interval(
     now: Instant,
     mut snapshot: impl FnMut(&mut OwnedPartition, i64),
 ) -> Interval {
-    let mut all_ready = assigned_once;
+    let all_ready = all_ready(partitions, assigned_once);
     let mut views = Vec::with_capacity(partitions.len());
     let mut commits = Vec::new();
     for p in partitions.values_mut() {
         let now_ms = p.clock.now_ms(now).unwrap_or(0);
         let ready = p.is_ready();
-        all_ready &= ready;
         // A walk over every entry: done once for the view, the snapshot and the commit.
         let s = p.next_offset.map(|next| p.state.summary(next, now_ms));
         views.push(PartitionView {
@@ -261,6 +266,16 @@ mod tests {
             [10],
             "overdue, now that the state is whole"
         );
+    }
+
+    #[test]
+    fn ready_once_assigned_and_every_partition_has_its_tick_back() {
+        let mut f = Fixture::new();
+        assert!(!all_ready(&f.partitions, false), "never assigned");
+        assert!(!all_ready(&f.partitions, true), "still replaying");
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        assert!(all_ready(&f.partitions, true));
+        assert!(!all_ready(&f.partitions, false));
     }
 
     #[test]
