@@ -1,5 +1,6 @@
-//! The three consumers compared: a plain one (the ceiling), the design floor (a plain one that
-//! also writes two small durable records per message), and ours (the client library).
+//! The consumers compared: a plain one (the ceiling), the design floors (a plain one that also
+//! writes small durable records: two per message for version 1's design, two per poll batch and
+//! partition for version 2's), ours (the client library) and Kafka share groups.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,19 +22,31 @@ use redelivery_testkit::clock::now_ms_f64 as now_ms;
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
     Plain,
+    /// Version 1's floor: one small durable record per message before handing it out, one
+    /// after.
     Floor,
+    /// Version 2's floor: one small durable record per poll batch and source partition before
+    /// handing the batch out, one after it is settled.
+    BatchFloor,
     Ours,
     /// Kafka share groups (KIP-932), the Java client in a child process.
     Share,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [Kind::Plain, Kind::Floor, Kind::Ours, Kind::Share];
+    pub const ALL: [Kind; 5] = [
+        Kind::Plain,
+        Kind::Floor,
+        Kind::BatchFloor,
+        Kind::Ours,
+        Kind::Share,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Kind::Plain => "plain",
             Kind::Floor => "floor",
+            Kind::BatchFloor => "batch_floor",
             Kind::Ours => "ours",
             Kind::Share => "share",
         }
@@ -66,14 +79,53 @@ const UNSETTLED: usize = 10_000;
 /// What one consuming run saw.
 pub struct Consumed {
     pub received: usize,
-    /// From the first record to the last one processed.
+    /// From subscribing (creating the consumer) to the last record processed.
     pub elapsed: Duration,
+    /// The steady part: records processed after the one at a fifth of a known target, and the
+    /// time from that record to the end (see [`Steady`]); `None` when the target was unknown.
+    pub steady: Option<(usize, Duration)>,
     /// Produce-to-handout latency of each record, in ms (record creation time to the moment
     /// the application gets it).
     pub latencies_ms: Vec<f64>,
     /// CPU seconds of a consumer that runs in its own process; `None` when it runs in this
     /// one (the caller measures this process).
     pub cpu_seconds: Option<f64>,
+}
+
+/// Marks the record at a fifth of the target, so that the throughput is taken over the rest
+/// of the run: neither joining the group (which varies by seconds from run to run, and most
+/// for share groups, whose assignment can wait for a heartbeat) nor the first fetch is in it,
+/// while all the fetching, handing out and acknowledging after it is, up to the last record
+/// durable. Every kind is measured this way, the Java share peer too.
+pub struct Steady {
+    mark: usize,
+    at: Option<Instant>,
+}
+
+impl Steady {
+    /// For a run that stops at `target` records (`usize::MAX`: unknown, no steady part).
+    pub fn new(target: usize) -> Self {
+        Steady {
+            mark: if target == usize::MAX {
+                usize::MAX
+            } else {
+                target / 5
+            },
+            at: None,
+        }
+    }
+
+    /// `count` records were handed out so far.
+    pub fn saw(&mut self, count: usize) {
+        if self.at.is_none() && count >= self.mark {
+            self.at = Some(Instant::now());
+        }
+    }
+
+    /// The steady part of a run that ended now with `total` records processed.
+    pub fn window(&self, total: usize) -> Option<(usize, Duration)> {
+        Some((total.checked_sub(self.mark)?, self.at?.elapsed()))
+    }
 }
 
 /// Stops a consumer once it has processed this many records (`usize::MAX` until known).
@@ -104,11 +156,15 @@ pub async fn consume(
             let (b, t) = (brokers.to_string(), topics.source.clone());
             tokio::task::spawn_blocking(move || plain(&b, &t, &target, &seen, limit)).await?
         }
-        Kind::Floor => {
+        Kind::Floor | Kind::BatchFloor => {
             let side = format!("{}.floor", topics.source);
             create(brokers, &side, PARTITIONS, &[]).await?;
             let (b, t) = (brokers.to_string(), topics.source.clone());
-            tokio::task::spawn_blocking(move || floor(&b, &t, &side, &target, &seen, limit)).await?
+            let per_batch = kind == Kind::BatchFloor;
+            tokio::task::spawn_blocking(move || {
+                floor(&b, &t, &side, &target, &seen, limit, per_batch)
+            })
+            .await?
         }
         Kind::Ours => ours(brokers, topics, &target, &seen, limit, unsettled).await,
         Kind::Share => {
@@ -142,21 +198,22 @@ fn plain(
     seen: &Seen,
     limit: Duration,
 ) -> Result<Consumed, Error> {
+    let started = Instant::now();
+    let mut steady = Steady::new(target.load(Ordering::Relaxed));
     let c = base_consumer(brokers, topic, true)?;
     let mut lat = Vec::new();
-    let started = Instant::now();
-    let mut first: Option<Instant> = None;
     while lat.len() < target.load(Ordering::Relaxed) && started.elapsed() < limit {
         if let Some(m) = c.poll(Duration::from_millis(100)) {
             let m = m?;
-            first.get_or_insert_with(Instant::now);
             lat.push(latency_of(&m));
             seen.fetch_add(1, Ordering::Relaxed);
+            steady.saw(lat.len());
         }
     }
     Ok(Consumed {
         received: lat.len(),
-        elapsed: first.map_or(Duration::ZERO, |f| f.elapsed()),
+        elapsed: started.elapsed(),
+        steady: steady.window(lat.len()),
         latencies_ms: lat,
         cpu_seconds: None,
     })
@@ -164,6 +221,8 @@ fn plain(
 
 /// The least any markers design must do: before handing a batch out, one small durable record
 /// per message (the Start); after, another (the End), sent while the next batch is polled.
+/// With `per_batch`, one record per source partition of the batch instead of one per message:
+/// what version 2's batch Start and Settle cost at the least.
 fn floor(
     brokers: &str,
     topic: &str,
@@ -171,7 +230,10 @@ fn floor(
     target: &Target,
     seen: &Seen,
     limit: Duration,
+    per_batch: bool,
 ) -> Result<Consumed, Error> {
+    let started = Instant::now();
+    let mut steady = Steady::new(target.load(Ordering::Relaxed));
     let c = base_consumer(brokers, topic, false)?;
     let p: FutureProducer = client(brokers)
         .set("enable.idempotence", "true")
@@ -179,8 +241,6 @@ fn floor(
         .set("linger.ms", "2")
         .create()?;
     let mut lat = Vec::new();
-    let started = Instant::now();
-    let mut first: Option<Instant> = None;
     let mut ends: Vec<DeliveryFuture> = Vec::new();
     let small = [0u8; 16];
     while lat.len() < target.load(Ordering::Relaxed) && started.elapsed() < limit {
@@ -197,37 +257,40 @@ fn floor(
         if batch.is_empty() {
             continue;
         }
-        first.get_or_insert_with(Instant::now);
-        let starts: Vec<DeliveryFuture> = batch
+        // The partitions a marker is written to: one per message, or one per partition.
+        let mut marked: Vec<i32> = batch.iter().map(|m| m.partition()).collect();
+        if per_batch {
+            marked.sort_unstable();
+            marked.dedup();
+        }
+        let small_record = |partition: i32| {
+            p.send_result(
+                FutureRecord::<(), _>::to(side)
+                    .partition(partition)
+                    .payload(&small[..]),
+            )
+            .map_err(|(e, _)| e)
+        };
+        let starts: Vec<DeliveryFuture> = marked
             .iter()
-            .map(|m| {
-                p.send_result(
-                    FutureRecord::<(), _>::to(side)
-                        .partition(m.partition())
-                        .payload(&small[..]),
-                )
-                .map_err(|(e, _)| e)
-            })
+            .map(|&partition| small_record(partition))
             .collect::<Result<_, _>>()?;
         futures::executor::block_on(join_all(starts.into_iter().chain(ends.drain(..))));
         c.commit_consumer_state(CommitMode::Async)?;
         for m in &batch {
             lat.push(latency_of(m));
             seen.fetch_add(1, Ordering::Relaxed);
-            let end = p
-                .send_result(
-                    FutureRecord::<(), _>::to(side)
-                        .partition(m.partition())
-                        .payload(&small[..]),
-                )
-                .map_err(|(e, _)| e)?;
-            ends.push(end);
         }
+        for &partition in &marked {
+            ends.push(small_record(partition)?);
+        }
+        steady.saw(lat.len());
     }
     futures::executor::block_on(join_all(ends));
     Ok(Consumed {
         received: lat.len(),
-        elapsed: first.map_or(Duration::ZERO, |f| f.elapsed()),
+        elapsed: started.elapsed(),
+        steady: steady.window(lat.len()),
         latencies_ms: lat,
         cpu_seconds: None,
     })
@@ -253,11 +316,11 @@ async fn ours(
     .max_batch(BATCH)
     .max_unsettled(UNSETTLED)
     .marker_format(OURS_FORMAT.get().copied().unwrap_or_default());
+    let started = Instant::now();
+    let mut steady = Steady::new(target.load(Ordering::Relaxed));
     let mut c = RedeliveryConsumer::new(config).await?;
     let acked = Arc::new(AtomicUsize::new(0));
     let mut lat = Vec::new();
-    let started = Instant::now();
-    let mut first: Option<Instant> = None;
     let mut acking = 0usize;
     while acked.load(Ordering::Relaxed) < target.load(Ordering::Relaxed)
         && started.elapsed() < limit
@@ -272,8 +335,8 @@ async fn ours(
         let Some(d) = c.recv_timeout(wait).await else {
             continue;
         };
-        first.get_or_insert_with(Instant::now);
-        seen.fetch_add(1, Ordering::Relaxed);
+        let handed = seen.fetch_add(1, Ordering::Relaxed) + 1;
+        steady.saw(handed);
         if d.attempt() == 1 {
             lat.push(
                 d.timestamp_ms()
@@ -293,11 +356,13 @@ async fn ours(
         });
     }
     let received = acked.load(Ordering::Relaxed);
-    let elapsed = first.map_or(Duration::ZERO, |f| f.elapsed());
+    let elapsed = started.elapsed();
+    let steady = steady.window(received);
     c.close().await?;
     Ok(Consumed {
         received,
         elapsed,
+        steady,
         latencies_ms: lat,
         cpu_seconds: None,
     })

@@ -68,6 +68,91 @@ pub async fn drop_topics(brokers: &str, names: &[String]) {
     let _ = redelivery_testkit::kafka::delete_topics(&client(brokers), &names).await;
 }
 
+/// Deletes topics a run made and waits (up to a minute) until the broker no longer lists
+/// them, so that the next run does not pay for the deletion.
+pub async fn drop_topics_and_wait(brokers: &str, names: &[String]) {
+    drop_topics(brokers, names).await;
+    let Ok(probe) = client(brokers).create::<rdkafka::consumer::BaseConsumer>() else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let listed =
+            rdkafka::consumer::Consumer::fetch_metadata(&probe, None, Duration::from_secs(5))
+                .map(|md| {
+                    md.topics()
+                        .iter()
+                        .any(|t| names.iter().any(|n| n == t.name()))
+                })
+                .unwrap_or(true);
+        if !listed {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("  topics of the last run were still listed a minute after their deletion");
+}
+
+static SETTLING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Whether [`settle`] waits (off for `--quick`, which checks the harness on a busy machine,
+/// not the numbers).
+pub fn set_settling(on: bool) {
+    let _ = SETTLING.set(on);
+}
+
+/// How long [`settle`] waited, and how busy the machine was when it stopped waiting.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Settled {
+    pub waited_s: f64,
+    pub busy: f64,
+}
+
+/// Waits until the machine is quiet: its CPU (all cores, from `/proc/stat`) under 10 % busy
+/// for a whole second, or 60 s have passed. A run that starts while the broker still deletes
+/// the last run's topics, flushes the preload or a process of the last run is exiting pays
+/// for them: that made one kind look slower in rotation than alone.
+pub async fn settle() -> Settled {
+    if !SETTLING.get().copied().unwrap_or(true) {
+        return Settled::default();
+    }
+    let started = Instant::now();
+    let mut quiet_for = 0;
+    let mut busy = 1.0;
+    let mut last = cpu_times();
+    while started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = cpu_times();
+        if let (Some((t0, i0)), Some((t1, i1))) = (last, now) {
+            let total = t1.saturating_sub(t0).max(1) as f64;
+            busy = 1.0 - i1.saturating_sub(i0) as f64 / total;
+        }
+        last = now;
+        quiet_for = if busy < 0.10 { quiet_for + 1 } else { 0 };
+        if quiet_for >= 4 {
+            break;
+        }
+    }
+    Settled {
+        waited_s: started.elapsed().as_secs_f64(),
+        busy,
+    }
+}
+
+/// (all jiffies, idle + iowait jiffies) of the machine, from the first line of `/proc/stat`.
+fn cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
+    Some((fields.iter().sum(), idle))
+}
+
 fn producer(brokers: &str) -> Result<FutureProducer, Error> {
     Ok(client(brokers)
         .set("linger.ms", "5")

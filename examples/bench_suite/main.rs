@@ -66,7 +66,11 @@ struct Args {
     )]
     parts: Vec<Part>,
     /// Which consumers to compare (all by default).
-    #[arg(long, value_delimiter = ',', default_value = "plain,floor,ours,share")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "plain,floor,batch-floor,ours,share"
+    )]
     kinds: Vec<Kind>,
     /// The marker format "ours" writes: v2 (batched, the client's default) or v1 (one marker
     /// per record), to compare the two with everything else equal; the tracker-alone scenario
@@ -145,8 +149,12 @@ const LIMIT: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Default, Serialize)]
 struct SizeResult {
-    /// Messages per second, per consumer.
+    /// Messages per second over the steady part of each run, per consumer.
     throughput: BTreeMap<&'static str, Spread>,
+    /// Messages per second from subscribing to the last record (group join included).
+    throughput_from_subscription: BTreeMap<&'static str, Spread>,
+    /// `max.poll.records` of the share consumer: the batch ours and the floor take.
+    share_max_poll_records: usize,
     /// CPU seconds per million messages: the consuming process (client), and the tracker.
     client_cpu_per_million: BTreeMap<&'static str, Spread>,
     tracker_cpu_per_million: Spread,
@@ -206,14 +214,19 @@ struct Results {
 
 /// What one throughput run measured.
 struct Run {
-    /// Messages per second.
+    /// Messages per second over the steady part of the run (`consumers::Steady`).
     rate: f64,
+    /// Messages per second from subscribing to the last record: the rate a user starting a
+    /// consumer on a backlog sees, group join included.
+    from_subscription: f64,
     /// CPU seconds per million messages of the consumer, the tracker (ours) and the broker.
     client_cpu: f64,
     tracker_cpu: Option<f64>,
     broker_cpu: Option<f64>,
     /// The tracker's `/metrics` at the end (ours).
     tracker_metrics: Option<String>,
+    /// How quiet the machine was when the timed part began.
+    settled: kafka::Settled,
 }
 
 /// One throughput run: `n` preloaded records consumed as fast as `kind` can.
@@ -224,9 +237,12 @@ async fn throughput_run(
     size: usize,
     unsettled: f64,
 ) -> Result<Run, Error> {
+    kafka::settle().await;
     let topics = kafka::topics(brokers).await?;
     kafka::preload(brokers, &topics.source, n, size).await?;
     let names = topics.all();
+    // The preload leaves the broker flushing; the timed run starts on a quiet machine.
+    let settled = kafka::settle().await;
     let tracker = match kind {
         Kind::Ours => Some(
             TrackerProcess::start(brokers, &topics.markers, &kafka::unique("bench-tracker"))?.0,
@@ -248,7 +264,12 @@ async fn throughput_run(
     }
     let per_million = |seconds: f64| seconds / n as f64 * 1e6;
     let run = Run {
-        rate: n as f64 / got.elapsed.as_secs_f64().max(1e-6),
+        // The steady part when there is one (always, in these runs: the target is known).
+        rate: got.steady.map_or_else(
+            || n as f64 / got.elapsed.as_secs_f64().max(1e-6),
+            |(k, d)| k as f64 / d.as_secs_f64().max(1e-6),
+        ),
+        from_subscription: n as f64 / got.elapsed.as_secs_f64().max(1e-6),
         client_cpu: per_million(
             got.cpu_seconds
                 .unwrap_or_else(|| kafka::cpu_seconds(me) - cpu0),
@@ -258,9 +279,12 @@ async fn throughput_run(
             .map(|t| per_million(t.cpu_seconds() - tcpu0)),
         broker_cpu: broker.map(|b| per_million(kafka::cpu_seconds(b) - bcpu0)),
         tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
+        settled,
     };
-    drop(tracker);
-    kafka::drop_topics(brokers, &names).await;
+    if let Some(t) = tracker {
+        t.stop();
+    }
+    kafka::drop_topics_and_wait(brokers, &names).await;
     Ok(run)
 }
 
@@ -282,6 +306,7 @@ async fn latency_run(
     size: usize,
     unsettled: f64,
 ) -> Result<LatencyRun, Error> {
+    kafka::settle().await;
     let topics = kafka::topics(brokers).await?;
     let source = topics.source.clone();
     let names = topics.all();
@@ -324,8 +349,10 @@ async fn latency_run(
         latencies_ms: got.latencies_ms.into_iter().skip(1).collect(),
         tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
     };
-    drop(tracker);
-    kafka::drop_topics(brokers, &names).await;
+    if let Some(t) = tracker {
+        t.stop();
+    }
+    kafka::drop_topics_and_wait(brokers, &names).await;
     Ok(run)
 }
 
@@ -346,6 +373,7 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     let mut r = SizeResult::default();
     let n = plan.throughput_messages;
     let mut rates: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut from_subscription: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut broker_cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut tracker_cpu = Vec::new();
@@ -356,14 +384,21 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
         for &kind in &plan.kinds {
             let run = throughput_run(brokers, kind, n, size, 0.0).await?;
             eprintln!(
-                "size {size} rep {rep} {}: {:.0} msg/s; CPU s/M client {:.2}, tracker {:.2}, broker {:.2}",
+                "size {size} rep {rep} {}: {:.0} msg/s ({:.0} from subscription); CPU s/M client {:.2}, tracker {:.2}, broker {:.2} (started after {:.1} s of settling, machine {:.0} % busy)",
                 kind.name(),
                 run.rate,
+                run.from_subscription,
                 run.client_cpu,
                 run.tracker_cpu.unwrap_or(0.0),
                 run.broker_cpu.unwrap_or(f64::NAN),
+                run.settled.waited_s,
+                run.settled.busy * 100.0,
             );
             rates.entry(kind.name()).or_default().push(run.rate);
+            from_subscription
+                .entry(kind.name())
+                .or_default()
+                .push(run.from_subscription);
             cpu.entry(kind.name()).or_default().push(run.client_cpu);
             if let Some(b) = run.broker_cpu {
                 broker_cpu.entry(kind.name()).or_default().push(b);
@@ -374,6 +409,10 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     for (k, v) in &rates {
         r.throughput.insert(k, Spread::of(v));
     }
+    for (k, v) in &from_subscription {
+        r.throughput_from_subscription.insert(k, Spread::of(v));
+    }
+    r.share_max_poll_records = consumers::BATCH;
     for (k, v) in &cpu {
         r.client_cpu_per_million.insert(k, Spread::of(v));
     }
@@ -532,6 +571,7 @@ fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
 async fn main() -> Result<(), Error> {
     let args = Args::parse();
     consumers::set_ours_format(args.ours_format);
+    kafka::set_settling(!args.quick);
     let plan = Plan::of(&args);
     if plan.runs(Part::Latency) && !plan.runs(Part::Throughput) && plan.offered.is_none() {
         return Err("--parts latency without throughput needs --offered".into());

@@ -1,7 +1,9 @@
 //! The share-group peer (Kafka's own queues, KIP-932): the Java `KafkaShareConsumer` in
 //! `benches/peers/`, run as a child process and driven over a line protocol (see
-//! `ShareConsumerBench.java`). Its CPU time is measured by the JVM itself, from the first
-//! record on, so JVM start-up and class loading are not charged to it.
+//! `ShareConsumerBench.java`). Its time runs from creating the share consumer, as every
+//! kind's does from subscribing; its CPU time is measured by the JVM itself from the first
+//! record on, so JVM start-up and class loading are not charged to it. It polls up to
+//! [`BATCH`] records at a time (`max.poll.records`), the batch ours and the floor take.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -10,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use super::consumers::{Consumed, Seen, Target};
+use super::consumers::{Consumed, Seen, Target, BATCH};
 use super::kafka::unique;
 use super::Error;
 
@@ -79,6 +81,7 @@ pub fn consume(
         })
         .arg(limit.as_secs().to_string())
         .arg(latencies.path())
+        .arg(BATCH.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -109,14 +112,19 @@ pub fn consume(
             ["first"] => {
                 seen.fetch_add(1, Ordering::Relaxed);
             }
-            ["done", n, ms, cpu_ms] => done = Some((n.parse()?, ms.parse()?, cpu_ms.parse()?)),
+            ["done", n, ms, cpu_ms, mark, steady_ms] => {
+                let (mark, steady_ms): (i64, i64) = (mark.parse()?, steady_ms.parse()?);
+                let steady = (mark >= 0 && steady_ms >= 0)
+                    .then(|| (mark as usize, Duration::from_millis(steady_ms as u64)));
+                done = Some((n.parse()?, ms.parse()?, cpu_ms.parse()?, steady));
+            }
             _ => eprintln!("share peer: {line}"),
         }
     }
     finished.store(true, Ordering::Relaxed);
     let status = child.wait()?;
     let _ = feeder.join();
-    let (received, elapsed_ms, cpu_ms): (usize, u64, u64) =
+    let (received, elapsed_ms, cpu_ms, steady): (usize, u64, u64, Option<(usize, Duration)>) =
         done.ok_or_else(|| format!("the share peer ended without a result ({status})"))?;
     let latencies_ms = std::fs::read_to_string(latencies.path())?
         .lines()
@@ -125,6 +133,7 @@ pub fn consume(
     Ok(Consumed {
         received,
         elapsed: Duration::from_millis(elapsed_ms),
+        steady: steady.map(|(mark, d)| (received.saturating_sub(mark), d)),
         latencies_ms,
         cpu_seconds: Some(cpu_ms as f64 / 1000.0),
     })

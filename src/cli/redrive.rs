@@ -101,56 +101,10 @@ pub fn redriven_headers(headers: &HeaderList, from: &str) -> HeaderList {
 
 /// Runs the redrive until the end offsets seen at its start, or `--max` records.
 pub async fn run(args: &RedriveArgs) -> Result<Report, RedriveError> {
-    let group = args
-        .group_id
-        .clone()
-        .unwrap_or_else(|| format!("redelivery-redrive.{}", args.dlq_topic));
-    let consumer: BaseConsumer = crate::kafka::client_config(
-        &args.brokers,
-        &[
-            ("group.id", &group),
-            ("enable.auto.commit", "false"),
-            ("enable.auto.offset.store", "false"),
-            ("auto.offset.reset", "earliest"),
-        ],
-        &args.rdkafka,
-    )
-    .create()
-    .map_err(kafka("creating the consumer"))?;
-    let producer: FutureProducer = crate::kafka::client_config(
-        &args.brokers,
-        &crate::kafka::DURABLE_PRODUCER,
-        &args.rdkafka,
-    )
-    .create()
-    .map_err(kafka("creating the producer"))?;
+    let (consumer, producer) = clients(args)?;
     let ends = end_offsets(&consumer, &args.dlq_topic)?;
     let total: i64 = ends.values().sum();
-    let mut tpl = TopicPartitionList::new();
-    for p in ends.keys() {
-        tpl.add_partition(&args.dlq_topic, *p);
-    }
-    consumer
-        .assign(&tpl)
-        .map_err(kafka("assigning the dead-letter topic"))?;
-    let committed = consumer
-        .committed_offsets(tpl, Duration::from_secs(10))
-        .map_err(kafka("reading the redrive position"))?;
-    let mut position: HashMap<i32, i64> = committed
-        .elements()
-        .iter()
-        .map(|e| {
-            (
-                e.partition(),
-                if let Offset::Offset(o) = e.offset() {
-                    o
-                } else {
-                    0
-                },
-            )
-        })
-        .collect();
-
+    let mut position = start_positions(&consumer, &args.dlq_topic, &ends)?;
     let mut report = Report::default();
     let mut last_progress = Instant::now();
     let done = |position: &HashMap<i32, i64>| {
@@ -182,6 +136,62 @@ pub async fn run(args: &RedriveArgs) -> Result<Report, RedriveError> {
     progress(&report, total);
     eprintln!();
     Ok(report)
+}
+
+/// The consumer of the dead-letter topic (its own group, committing by hand) and a durable
+/// producer for the records sent back.
+fn clients(args: &RedriveArgs) -> Result<(BaseConsumer, FutureProducer), RedriveError> {
+    let group = args
+        .group_id
+        .clone()
+        .unwrap_or_else(|| format!("redelivery-redrive.{}", args.dlq_topic));
+    let consumer: BaseConsumer = crate::kafka::client_config(
+        &args.brokers,
+        &[
+            ("group.id", &group),
+            ("enable.auto.commit", "false"),
+            ("enable.auto.offset.store", "false"),
+            ("auto.offset.reset", "earliest"),
+        ],
+        &args.rdkafka,
+    )
+    .create()
+    .map_err(kafka("creating the consumer"))?;
+    let producer: FutureProducer = crate::kafka::client_config(
+        &args.brokers,
+        &crate::kafka::DURABLE_PRODUCER,
+        &args.rdkafka,
+    )
+    .create()
+    .map_err(kafka("creating the producer"))?;
+    Ok((consumer, producer))
+}
+
+/// Assigns every partition of `topic` and returns where the redrive stands in each: its
+/// committed offset, or 0.
+fn start_positions(
+    consumer: &BaseConsumer,
+    topic: &str,
+    ends: &HashMap<i32, i64>,
+) -> Result<HashMap<i32, i64>, RedriveError> {
+    let mut tpl = TopicPartitionList::new();
+    for p in ends.keys() {
+        tpl.add_partition(topic, *p);
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(kafka("assigning the dead-letter topic"))?;
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .map_err(kafka("reading the redrive position"))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            Offset::Offset(o) => (e.partition(), o),
+            _ => (e.partition(), 0),
+        })
+        .collect())
 }
 
 /// Sends one record back; returns whether it passed the filters.

@@ -53,7 +53,7 @@ pub use scheduler::{CancelOutcome, ScheduleId, Scheduler, SchedulerConfig};
 pub use crate::marker::ScheduledRecord;
 
 use coalesce::Coalescer;
-use poller::Poller;
+use poller::{Poller, PollerContext};
 use settler::{MarkerWriter, Settler};
 
 /// A consumer that hands out records as [`Delivery`] handles and guarantees, with a running
@@ -104,14 +104,14 @@ impl RedeliveryConsumer {
     }
 
     fn connect(config: ConsumerConfig) -> Result<Self, ClientError> {
-        let consumer: BaseConsumer = config
+        let consumer: BaseConsumer<PollerContext> = config
             .client_config(&[
                 ("group.id", &config.group_id),
                 ("enable.auto.commit", "false"),
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
             ])
-            .create()
+            .create_with_context(PollerContext::default())
             .map_err(kafka("creating the consumer"))?;
         let partitions = markers_partitions(&consumer, &config.markers_topic)?;
         broker_check::check(&config)?;
@@ -123,18 +123,7 @@ impl RedeliveryConsumer {
         consumer.subscribe(&topics).map_err(kafka("subscribing"))?;
 
         let writer = MarkerWriter::new(producer, config.markers_topic.clone(), partitions);
-        let coalescer = match config.marker_format {
-            MarkerFormat::V1 => None,
-            _ => Some(
-                Coalescer::start(
-                    config.settle_window,
-                    config.max_settle_batch,
-                    writer.clone(),
-                )
-                .map_err(ClientError::Thread)?,
-            ),
-        };
-        let settler = Arc::new(Settler::new(writer, coalescer));
+        let settler = Arc::new(settler(&config, writer)?);
         let (tx, rx) = mpsc::channel(config.max_unsettled.max(1));
         let auto_keep_alive = config.auto_keep_alive;
         let stop = Arc::new(AtomicBool::new(false));
@@ -151,21 +140,7 @@ impl RedeliveryConsumer {
             stop: stop.clone(),
             held: Default::default(),
         };
-        let record = died.clone();
-        let thread = std::thread::Builder::new()
-            .name("redelivery-poll".into())
-            .spawn(move || {
-                let run = std::panic::AssertUnwindSafe(|| poller.run());
-                if let Err(panic) = std::panic::catch_unwind(run) {
-                    let why = crate::panic_message(panic.as_ref());
-                    tracing::error!(reason = %why, "the poll thread died; the consumer stops");
-                    if let Ok(mut slot) = record.lock() {
-                        *slot = Some(why);
-                    }
-                }
-                drop(hold_open);
-            })
-            .map_err(ClientError::Thread)?;
+        let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {
             deliveries: rx,
             auto_keep_alive,
@@ -252,7 +227,10 @@ fn kafka(what: &'static str) -> impl FnOnce(rdkafka::error::KafkaError) -> Clien
 }
 
 /// The partition count of the markers topic, which fixes where each source's markers go.
-fn markers_partitions(consumer: &BaseConsumer, topic: &str) -> Result<i32, ClientError> {
+fn markers_partitions<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+) -> Result<i32, ClientError> {
     let unusable = |why: String| ClientError::MarkersTopic {
         topic: topic.to_string(),
         why,
@@ -274,4 +252,43 @@ fn markers_partitions(consumer: &BaseConsumer, topic: &str) -> Result<i32, Clien
         0 => Err(unusable("it has no partitions".into())),
         n => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
     }
+}
+
+/// The settler of a new consumer: version 2 settlements go through a coalescer thread.
+fn settler(config: &ConsumerConfig, writer: MarkerWriter) -> Result<Settler, ClientError> {
+    let coalescer = match config.marker_format {
+        MarkerFormat::V1 => None,
+        _ => Some(
+            Coalescer::start(
+                config.settle_window,
+                config.max_settle_batch,
+                writer.clone(),
+            )
+            .map_err(ClientError::Thread)?,
+        ),
+    };
+    Ok(Settler::new(writer, coalescer))
+}
+
+/// Runs the poll thread. A panic in it is recorded in `died` before `hold_open` (a sender of
+/// the deliveries channel) is dropped, so whoever sees `recv` end also sees why.
+fn spawn_poller(
+    poller: Poller,
+    died: Arc<Mutex<Option<String>>>,
+    hold_open: mpsc::Sender<Delivery>,
+) -> Result<std::thread::JoinHandle<()>, ClientError> {
+    std::thread::Builder::new()
+        .name("redelivery-poll".into())
+        .spawn(move || {
+            let run = std::panic::AssertUnwindSafe(|| poller.run());
+            if let Err(panic) = std::panic::catch_unwind(run) {
+                let why = crate::panic_message(panic.as_ref());
+                tracing::error!(reason = %why, "the poll thread died; the consumer stops");
+                if let Ok(mut slot) = died.lock() {
+                    *slot = Some(why);
+                }
+            }
+            drop(hold_open);
+        })
+        .map_err(ClientError::Thread)
 }

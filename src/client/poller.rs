@@ -59,8 +59,29 @@ struct Polled {
     timeout: Duration,
 }
 
+/// The source consumer's context: reports the outcome of the asynchronous commits that
+/// [`Poller::commit`] makes (a failed one is logged, at most once per 10 s).
+#[derive(Default)]
+pub(crate) struct PollerContext {
+    log_limit: crate::log_limit::LogLimit,
+}
+
+impl rdkafka::ClientContext for PollerContext {}
+
+impl rdkafka::consumer::ConsumerContext for PollerContext {
+    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, _: &TopicPartitionList) {
+        if let Err(error) = result {
+            if let Some(held_back) = self.log_limit.allow("commit", Instant::now()) {
+                // The Starts are durable, so nothing is lost: at worst the batch is polled
+                // again after a rebalance and delivered twice.
+                tracing::warn!(%error, held_back, "commit of source offsets failed");
+            }
+        }
+    }
+}
+
 pub(crate) struct Poller {
-    pub(crate) consumer: BaseConsumer,
+    pub(crate) consumer: BaseConsumer<PollerContext>,
     pub(crate) settler: Arc<Settler>,
     pub(crate) config: ConsumerConfig,
     pub(crate) out: mpsc::Sender<Delivery>,
@@ -102,73 +123,93 @@ impl Poller {
             self.retry_held(&mut pipeline);
             let queued: usize = pipeline.iter().map(|b| b.batch.len()).sum();
             let room = max.saturating_sub(self.settler.unsettled() + queued);
-            // Back-pressure. A short stall (the application settles a moment later) only waits:
-            // pausing would make librdkafka drop what it has prefetched and fetch it again on
-            // resume, which under steady load costs more than it saves. A stall that lasts
-            // pauses fetching, so nothing piles up while the application is stuck; fetching
-            // resumes once half the room is free again.
-            stalled_since = if room == 0 {
-                stalled_since.or_else(|| Some(Instant::now()))
-            } else {
-                None
-            };
-            let stalled_long = stalled_since.is_some_and(|t| t.elapsed() >= PAUSE_AFTER);
-            if !paused && stalled_long {
-                paused = self.set_paused(true);
-            } else if paused && room * 2 >= max {
-                paused = self.set_paused(false);
-            }
+            paused = self.back_pressure(paused, &mut stalled_since, room);
             if room == 0 && !paused && pipeline.is_empty() {
                 self.settler.wait_for_room(Duration::from_millis(5));
                 continue;
             }
-            let mut polled_nothing = true;
-            if pipeline.len() < PIPELINE_DEPTH && (room > 0 || paused) {
-                // Paused, the poll serves rebalances; a partition assigned meanwhile is not
-                // paused yet, so at most one of its records is taken per poll.
-                let limit = if paused {
-                    1
-                } else {
-                    room.min(self.config.max_batch)
-                };
-                // With batches in flight, take only what is already fetched: the oldest batch
-                // is waiting to be handed out.
-                let wait = match (pipeline.is_empty(), paused) {
-                    (false, _) => Duration::ZERO,
-                    (true, true) => Duration::from_millis(10),
-                    (true, false) => Duration::from_millis(100),
-                };
-                let batch = self.poll_batch(limit, wait);
-                if !batch.is_empty() {
-                    polled_nothing = false;
-                    pipeline.push_back(self.start(batch));
+            let polled = self.take_batch(&mut pipeline, room, paused);
+            match self.hand_out_oldest(&mut pipeline, !polled) {
+                Some(true) => backoff = Duration::from_millis(50),
+                Some(false) => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
-            }
-            let must_wait = pipeline.len() >= PIPELINE_DEPTH || polled_nothing;
-            let Some(oldest) = pipeline.front_mut() else {
-                continue;
-            };
-            let durable = if must_wait {
-                Some(block_on(oldest.starts.as_mut()))
-            } else {
-                oldest.starts.as_mut().now_or_never()
-            };
-            let Some(durable) = durable else {
-                continue;
-            };
-            let Some(oldest) = pipeline.pop_front() else {
-                continue;
-            };
-            if self.finish(oldest, durable, &mut pipeline) {
-                backoff = Duration::from_millis(50);
-            } else {
-                std::thread::sleep(backoff);
-                backoff = (backoff * 2).min(Duration::from_secs(5));
+                None => {}
             }
         }
         // Batches still in flight were neither committed nor handed out: they are polled again
         // by whoever owns their partitions next (duplicate Starts, which the tracker absorbs).
         tracing::debug!(unfinished = pipeline.len(), "poll thread stopped");
+    }
+
+    /// Back-pressure; returns whether fetching is now paused. A short stall (the application
+    /// settles a moment later) only waits: pausing would make librdkafka drop what it has
+    /// prefetched and fetch it again on resume, which under steady load costs more than it
+    /// saves. A stall that lasts pauses fetching, so nothing piles up while the application is
+    /// stuck; fetching resumes once half the room is free again.
+    fn back_pressure(
+        &self,
+        paused: bool,
+        stalled_since: &mut Option<Instant>,
+        room: usize,
+    ) -> bool {
+        *stalled_since = if room == 0 {
+            stalled_since.or_else(|| Some(Instant::now()))
+        } else {
+            None
+        };
+        let stalled_long = stalled_since.is_some_and(|t| t.elapsed() >= PAUSE_AFTER);
+        if !paused && stalled_long {
+            self.set_paused(true)
+        } else if paused && room * 2 >= self.config.max_unsettled {
+            self.set_paused(false)
+        } else {
+            paused
+        }
+    }
+
+    /// Polls a batch and queues its Starts, if the pipeline and the room allow; whether it
+    /// got any record.
+    fn take_batch(&self, pipeline: &mut VecDeque<InFlight>, room: usize, paused: bool) -> bool {
+        if pipeline.len() >= PIPELINE_DEPTH || (room == 0 && !paused) {
+            return false;
+        }
+        // Paused, the poll serves rebalances; a partition assigned meanwhile is not paused
+        // yet, so at most one of its records is taken per poll.
+        let limit = if paused {
+            1
+        } else {
+            room.min(self.config.max_batch)
+        };
+        // With batches in flight, take only what is already fetched: the oldest batch is
+        // waiting to be handed out.
+        let wait = match (pipeline.is_empty(), paused) {
+            (false, _) => Duration::ZERO,
+            (true, true) => Duration::from_millis(10),
+            (true, false) => Duration::from_millis(100),
+        };
+        let batch = self.poll_batch(limit, wait);
+        if batch.is_empty() {
+            return false;
+        }
+        pipeline.push_back(self.start(batch));
+        true
+    }
+
+    /// Commits and hands out the oldest batch once its Starts are durable, waiting for them
+    /// when the pipeline is full or nothing new came (`must_wait`). `None` when nothing was
+    /// finished; otherwise whether it went well (see [`Self::finish`]).
+    fn hand_out_oldest(&self, pipeline: &mut VecDeque<InFlight>, must_wait: bool) -> Option<bool> {
+        let must_wait = must_wait || pipeline.len() >= PIPELINE_DEPTH;
+        let oldest = pipeline.front_mut()?;
+        let durable = if must_wait {
+            block_on(oldest.starts.as_mut())
+        } else {
+            oldest.starts.as_mut().now_or_never()?
+        };
+        let oldest = pipeline.pop_front()?;
+        Some(self.finish(oldest, durable, pipeline))
     }
 
     /// Pauses or resumes every assigned partition; returns the new paused state. Pausing is how
@@ -396,7 +437,11 @@ impl Poller {
         if tpl.count() == 0 {
             return;
         }
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+        // Asynchronous: every offset in it is past a durable Start already (invariant 1), so
+        // nothing needs to wait for the broker's answer before the batch is handed out, and a
+        // round trip per batch leaves the critical path. librdkafka sends commits in order;
+        // the outcome arrives in `PollerContext::commit_callback`.
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
             // The Starts are durable, so handing over is still safe: at worst the batch is
             // polled again after a rebalance and delivered twice.
             tracing::warn!(error = %e, "commit of source offsets failed");

@@ -242,32 +242,31 @@ impl Redeliverer {
     }
 
     fn pass(&mut self, jobs: Vec<Job>, fence: &Fence) {
-        let mut origins: HashMap<SourceRef, Origin> = HashMap::new();
-        let mut expiries = Vec::new();
         let oldest_job = jobs.iter().map(|j| j.taken_at).min();
-        for job in jobs {
-            let origin = Origin {
-                markers_partition: job.markers_partition,
-                generation: job.generation,
-                taken_at_ms: job.taken_at_ms,
-                taken_at: job.taken_at,
-            };
-            for e in job.expiries {
-                origins.insert(e.source.clone(), origin);
-                expiries.push(e);
-            }
-        }
-        let origin_of = |e: &Expiry| origins.get(&e.source).copied();
+        let (origins, expiries) = gather(jobs);
         let pass = PassTiming::start(oldest_job, expiries.len());
         let mut pending = self.read_sources(expiries);
         let read = pass.started.elapsed();
         if self.stopping() {
             return;
         }
-        // Revoked while reading: nothing of it copied yet, so it is left to the new owner.
+        self.drop_revoked(&mut pending, &origins, fence);
+        let published = self.take_already_published(&mut pending);
+        let Some(refused) = self.send_copies(&mut pending) else {
+            return;
+        };
+        let copied = pass.started.elapsed();
+        self.finish(pending, refused, published, &origins);
+        pass.log(read, copied);
+    }
+
+    /// Revoked while reading: nothing of it copied yet, so it is left to the new owner.
+    fn drop_revoked(&self, pending: &mut Vec<Pending>, origins: &Origins, fence: &Fence) {
         let before = pending.len();
         pending.retain(|p| {
-            origin_of(&p.expiry).is_some_and(|o| fence.holds(o.markers_partition, o.generation))
+            origins
+                .get(&p.expiry.source)
+                .is_some_and(|o| fence.holds(o.markers_partition, o.generation))
         });
         if pending.len() < before {
             self.metrics.emit(Fenced {
@@ -275,20 +274,26 @@ impl Redeliverer {
                 stage: "read",
             });
         }
-        let published = self.take_already_published(&mut pending);
-        let Some(refused) = self.send_copies(&mut pending) else {
-            return;
-        };
-        let copied = pass.started.elapsed();
-        // Only a delivery whose copy is durable gets its End; one without a copy (never read,
-        // which happens only when stopping) stays in flight untouched.
+    }
+
+    /// After the copies: parks what every target refused, and writes the Ends of what was
+    /// copied (or found published by a previous owner). Only a delivery whose copy is durable
+    /// gets its End; one without a copy (never read, which happens only when stopping) stays
+    /// in flight untouched.
+    fn finish(
+        &mut self,
+        pending: Vec<Pending>,
+        refused: Vec<Option<String>>,
+        published: Vec<Pending>,
+        origins: &Origins,
+    ) {
         let (done, refused): (Vec<(Pending, Option<String>)>, Vec<_>) = pending
             .into_iter()
             .zip(refused)
             .filter(|(p, _)| p.copy.is_some())
             .partition(|(_, r)| r.is_none());
         for (p, why) in refused {
-            if let Some(o) = origin_of(&p.expiry) {
+            if let Some(&o) = origins.get(&p.expiry.source) {
                 self.park(p.expiry, o, why.unwrap_or_default());
             }
         }
@@ -296,35 +301,42 @@ impl Redeliverer {
         if done.iter().any(|(p, _)| p.action == Action::Publish) {
             crate::failpoint::hit("after-publish-durable");
         }
-        let mut ends = Vec::with_capacity(done.len() + published.len());
         for p in &published {
             self.metrics.emit(AlreadyPublished {
                 id: &p.expiry.source,
                 target: home_topic(p),
             });
         }
-        for (p, _) in &done {
-            // A parked delivery's lag is not measured: its first try was when it was due.
-            if let Some(o) = origin_of(&p.expiry).filter(|o| o.taken_at_ms > 0) {
-                let now = o.taken_at_ms as f64 / 1000.0 + o.taken_at.elapsed().as_secs_f64();
-                self.metrics.emit(DeadlineLag {
-                    seconds: now - p.expiry.deadline_ms as f64 / 1000.0,
-                });
-            }
-            self.refusals.remove(&p.expiry.source);
-            self.count(p);
+        let done: Vec<Pending> = done.into_iter().map(|(p, _)| p).collect();
+        for p in &done {
+            self.copied(p, origins.get(&p.expiry.source));
         }
-        for p in published.iter().chain(done.iter().map(|(p, _)| p)) {
-            if let Some(o) = origin_of(&p.expiry) {
-                ends.push(end_marker(
+        let ends: Vec<_> = published
+            .iter()
+            .chain(&done)
+            .filter_map(|p| {
+                let o = origins.get(&p.expiry.source)?;
+                Some(end_marker(
                     &self.config.markers_topic,
                     o.markers_partition,
                     &p.expiry.source,
-                ));
-            }
-        }
+                ))
+            })
+            .collect();
         self.sender().send_all(&ends);
-        pass.log(read, copied);
+    }
+
+    /// A copy of `p` is durable: how late it was, and its count.
+    fn copied(&mut self, p: &Pending, origin: Option<&Origin>) {
+        // A parked delivery's lag is not measured: its first try was when it was due.
+        if let Some(o) = origin.filter(|o| o.taken_at_ms > 0) {
+            let now = o.taken_at_ms as f64 / 1000.0 + o.taken_at.elapsed().as_secs_f64();
+            self.metrics.emit(DeadlineLag {
+                seconds: now - p.expiry.deadline_ms as f64 / 1000.0,
+            });
+        }
+        self.refusals.remove(&p.expiry.source);
+        self.count(p);
     }
 
     /// Produces every copy; a copy to the source refused for good goes to the dead-letter
@@ -634,6 +646,28 @@ impl Redeliverer {
 
 /// The topic a pending delivery belongs to: the target of a schedule, else the source topic.
 /// Its dead-letter topic is derived from it.
+/// Where each due delivery of a pass came from.
+type Origins = HashMap<SourceRef, Origin>;
+
+/// The expiries of a pass's jobs, and the origin of each.
+fn gather(jobs: Vec<Job>) -> (Origins, Vec<Expiry>) {
+    let mut origins = Origins::default();
+    let mut expiries = Vec::new();
+    for job in jobs {
+        let origin = Origin {
+            markers_partition: job.markers_partition,
+            generation: job.generation,
+            taken_at_ms: job.taken_at_ms,
+            taken_at: job.taken_at,
+        };
+        for e in job.expiries {
+            origins.insert(e.source.clone(), origin);
+            expiries.push(e);
+        }
+    }
+    (origins, expiries)
+}
+
 fn home_topic(p: &Pending) -> &str {
     p.record
         .as_ref()

@@ -27,21 +27,24 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * acknowledges every record explicitly, the closest thing Kafka itself offers to per-message
  * acknowledgement with redelivery.
  *
- * <p>Usage: {@code ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE}. A TARGET
- * of -1 means "read it from stdin later" (the latency runs learn how many records were offered
- * only when the load stops). It speaks a line protocol with the Rust harness on stdout: {@code
- * first} once the first record was handed to the application, then {@code done RECEIVED
- * ELAPSED_MS CPU_MS} at the end, both times counted from the first record (so JVM start-up and
- * class loading are not charged to the consumer). Latencies (record creation time to handout, in ms) go to
- * LATENCIES_FILE, one per line.
+ * <p>Usage: {@code ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE
+ * MAX_POLL}. A TARGET of -1 means "read it from stdin later" (the latency runs learn how many
+ * records were offered only when the load stops); MAX_POLL is {@code max.poll.records}. It speaks
+ * a line protocol with the Rust harness on stdout: {@code first} once the first record was
+ * handed to the application, then {@code done RECEIVED ELAPSED_MS CPU_MS MARK STEADY_MS} at the
+ * end (STEADY_MS: from the MARKth record, a fifth of the target, to the end; -1 when the target
+ * was not known at the start). ELAPSED_MS
+ * runs from creating the consumer (as the suite times every kind from subscribing; JVM start-up
+ * is not in it), CPU_MS from the first record (so class loading is not charged to the consumer).
+ * Latencies (record creation time to handout, in ms) go to LATENCIES_FILE, one per line.
  */
 public final class ShareConsumerBench {
   private ShareConsumerBench() {}
 
   public static void main(String[] args) throws Exception {
-    if (args.length != 6) {
+    if (args.length != 7) {
       System.err.println(
-          "usage: ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE");
+          "usage: ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE MAX_POLL");
       System.exit(2);
     }
     String brokers = args[0];
@@ -50,6 +53,7 @@ public final class ShareConsumerBench {
     AtomicLong target = new AtomicLong(Long.parseLong(args[3]));
     long limitMs = Long.parseLong(args[4]) * 1000;
     Path latencies = Path.of(args[5]);
+    String maxPoll = args[6];
     if (target.get() < 0) {
       target.set(Long.MAX_VALUE);
       Thread reader = new Thread(() -> readTarget(target), "target-reader");
@@ -63,9 +67,15 @@ public final class ShareConsumerBench {
     props.put("group.id", group);
     // Every record is acknowledged by the application, one by one, as with ours.
     props.put("share.acknowledgement.mode", "explicit");
+    // The batch the suite's other consumers take per poll (share groups default to 500).
+    props.put("max.poll.records", maxPoll);
     long[] lat = new long[1 << 16];
     int n = 0;
     long started = System.currentTimeMillis();
+    // The steady part, as the suite measures every kind: from the record at a fifth of a known
+    // target to the end.
+    long mark = target.get() == Long.MAX_VALUE ? -1 : target.get() / 5;
+    long markAt = -1;
     long first = -1;
     long cpuAtFirst = 0;
     try (KafkaShareConsumer<byte[], byte[]> consumer =
@@ -85,6 +95,9 @@ public final class ShareConsumerBench {
             lat = Arrays.copyOf(lat, lat.length * 2);
           }
           lat[n++] = Math.max(0, now - r.timestamp());
+          if (n == mark) {
+            markAt = now;
+          }
           consumer.acknowledge(r, AcknowledgeType.ACCEPT);
         }
       }
@@ -92,7 +105,10 @@ public final class ShareConsumerBench {
       // stops, as ours waits for its End markers.
       consumer.commitSync(Duration.ofSeconds(30));
     }
-    long elapsed = first < 0 ? 0 : System.currentTimeMillis() - first;
+    // From creating the consumer, as the suite times every kind from subscribing.
+    long end = System.currentTimeMillis();
+    long elapsed = first < 0 ? 0 : end - started;
+    long steadyMs = markAt < 0 ? -1 : end - markAt;
     long cpuMs = first < 0 ? 0 : (cpuNanos() - cpuAtFirst) / 1_000_000;
     try (BufferedWriter w = Files.newBufferedWriter(latencies, StandardCharsets.UTF_8)) {
       for (int i = 0; i < n; i++) {
@@ -100,7 +116,7 @@ public final class ShareConsumerBench {
         w.newLine();
       }
     }
-    System.out.println("done " + n + " " + elapsed + " " + cpuMs);
+    System.out.println("done " + n + " " + elapsed + " " + cpuMs + " " + mark + " " + steadyMs);
     System.out.flush();
   }
 
