@@ -178,8 +178,12 @@ pub async fn consume(
     }
 }
 
+/// A consumer for the plain and floor kinds, with the fetch pacing the client library uses
+/// (`fetch.queue.backoff.ms=10`): with librdkafka's default of a second, the ceiling itself
+/// idled most of each second and was no ceiling.
 fn base_consumer(brokers: &str, topic: &str, auto_commit: bool) -> Result<BaseConsumer, Error> {
     let c: BaseConsumer = client(brokers)
+        .set("fetch.queue.backoff.ms", "10")
         .set("group.id", unique("bench-group"))
         .set("auto.offset.reset", "earliest")
         .set(

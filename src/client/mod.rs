@@ -110,6 +110,7 @@ impl RedeliveryConsumer {
                 ("enable.auto.commit", "false"),
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
+                crate::kafka::FETCH_PACING,
             ])
             .create_with_context(PollerContext::default())
             .map_err(kafka("creating the consumer"))?;

@@ -195,6 +195,7 @@ impl Tracker {
                 ("enable.auto.commit", "false"),
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
+                crate::kafka::FETCH_PACING,
                 // Feeds the markers lag gauge.
                 ("statistics.interval.ms", "5000"),
             ])

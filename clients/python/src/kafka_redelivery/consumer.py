@@ -196,6 +196,10 @@ class RedeliveryConsumer:
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
+                # librdkafka waits a second (its default) before fetching again once its
+                # queue is full; a consumer that drains it in milliseconds would idle the
+                # rest of that second. The Rust client sets the same (src/kafka.rs).
+                "fetch.queue.backoff.ms": 10,
                 **extra,
             }
         )
