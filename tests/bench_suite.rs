@@ -22,11 +22,17 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
         serde_json::from_str(&std::fs::read_to_string(out.path().join("results.json")).unwrap())
             .unwrap();
     for size in ["100", "1024"] {
-        for kind in ["plain", "floor", "ours", "share"] {
+        for kind in ["plain", "floor", "batch_floor", "ours", "share"] {
             let rate = json["sizes"][size]["throughput"][kind]["median"]
                 .as_f64()
                 .unwrap();
             assert!(rate > 0.0, "{size} {kind}: {json}");
+            let from_subscription =
+                &json["sizes"][size]["throughput_from_subscription"][kind]["median"];
+            assert!(
+                from_subscription.as_f64().is_some_and(|r| r > 0.0),
+                "{size} {kind}"
+            );
             for load in ["half_plain", "sustained"] {
                 let p99 = &json["sizes"][size]["latency"][load]["p99_ms"][kind]["median"];
                 assert!(p99.is_number(), "{size} {kind} {load}: {json}");
