@@ -82,8 +82,17 @@ fn batched_markers(n: i64, batch: i64, settled: bool) -> Vec<Marker> {
 
 fn batched(c: &mut Criterion) {
     let n = 100_000;
-    let markers = batched_markers(n, 500, true);
-    let mut g = c.benchmark_group("batched_records_started_and_settled");
+    apply_all(
+        c,
+        "batched_records_started_and_settled",
+        n,
+        &batched_markers(n, 500, true),
+    );
+}
+
+/// Times applying `markers` to a fresh state, `n` elements (records or pairs) per iteration.
+fn apply_all(c: &mut Criterion, group: &str, n: i64, markers: &[Marker]) {
+    let mut g = c.benchmark_group(group);
     g.throughput(Throughput::Elements(n as u64));
     g.bench_function(BenchmarkId::from_parameter(n), |b| {
         b.iter(|| {
@@ -151,19 +160,7 @@ fn filled(n: i64) -> PartitionState {
 
 fn start_end(c: &mut Criterion) {
     let n = 100_000;
-    let markers = start_end_markers(n);
-    let mut g = c.benchmark_group("start_end_pairs");
-    g.throughput(Throughput::Elements(n as u64));
-    g.bench_function(BenchmarkId::from_parameter(n), |b| {
-        b.iter(|| {
-            let mut s = PartitionState::new();
-            for (offset, m) in markers.iter().enumerate() {
-                black_box(s.on_marker(offset as i64, 0, m));
-            }
-            s
-        })
-    });
-    g.finish();
+    apply_all(c, "start_end_pairs", n, &start_end_markers(n));
 }
 
 fn expiry(c: &mut Criterion) {

@@ -393,6 +393,18 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
     ]
 }
 
+/// A batch Start of no record yet, with the batch timeout 100 the model's batches use.
+fn empty_batch() -> crate::marker::StartBatch {
+    crate::marker::StartBatch {
+        topic: "orders".into(),
+        partition: 0,
+        timeout_ms: 100,
+        offsets: crate::marker::Offsets::new(),
+        attempts: vec![],
+        timeouts: vec![],
+    }
+}
+
 /// Keeps the last op per key of each kind, ascending by key: what a writer's list holds.
 fn last_per_key(ops: &[model::Op], kind: fn(&model::Op) -> Option<i64>) -> Vec<model::Op> {
     let mut by_key = std::collections::BTreeMap::new();
@@ -415,14 +427,7 @@ impl Step {
                     Op::Start(k, ..) => Some(*k),
                     _ => None,
                 });
-                let mut b = crate::marker::StartBatch {
-                    topic: "orders".into(),
-                    partition: 0,
-                    timeout_ms: 100,
-                    offsets: crate::marker::Offsets::new(),
-                    attempts: vec![],
-                    timeouts: vec![],
-                };
+                let mut b = empty_batch();
                 for op in &ops {
                     if let Op::Start(k, t, a) = *op {
                         b.offsets.push(k);
@@ -435,14 +440,7 @@ impl Step {
                 (ops, Marker::StartBatch(Box::new(b)))
             }
             Step::Run(first, len, mask) => {
-                let mut b = crate::marker::StartBatch {
-                    topic: "orders".into(),
-                    partition: 0,
-                    timeout_ms: 100,
-                    offsets: crate::marker::Offsets::new(),
-                    attempts: vec![],
-                    timeouts: vec![],
-                };
+                let mut b = empty_batch();
                 let keys = (*first..first + len).filter(|k| mask & (1 << (k - first)) == 0);
                 let ops: Vec<Op> = keys.map(|k| Op::Start(k, 100, 1)).collect();
                 for op in &ops {
