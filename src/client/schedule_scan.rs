@@ -114,16 +114,13 @@ pub(crate) fn find(
         match due_ms {
             None => {
                 // The first record read must be the schedule itself.
-                let Some(Ok(Marker::Schedule {
-                    not_before_ms,
-                    delay_ms,
-                    ..
-                })) = marker.filter(|_| m.offset() == id.offset)
+                let Some(due) = marker
+                    .filter(|_| m.offset() == id.offset)
+                    .and_then(|marker| due_at(marker.ok()?, timestamp_ms))
                 else {
                     return Ok(Settled::NotASchedule);
                 };
-                let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
-                due_ms = Some(timestamp_ms.saturating_add(delay).max(not_before_ms));
+                due_ms = Some(due);
             }
             Some(due_ms) => {
                 if let Some(Ok(Marker::End { source })) = marker {
@@ -144,6 +141,20 @@ pub(crate) fn find(
             });
         }
     }
+}
+
+/// When a Schedule marker appended at `timestamp_ms` is due; `None` for any other marker.
+fn due_at(marker: Marker, timestamp_ms: i64) -> Option<i64> {
+    let Marker::Schedule {
+        not_before_ms,
+        delay_ms,
+        ..
+    } = marker
+    else {
+        return None;
+    };
+    let delay = i64::try_from(delay_ms).unwrap_or(i64::MAX);
+    Some(timestamp_ms.saturating_add(delay).max(not_before_ms))
 }
 
 /// Whether another End for `id` is appended after offset `after` within the config's settle

@@ -349,27 +349,9 @@ impl MarkersLoop {
             return;
         };
         if p.restore != Restore::Done {
-            // Paused before its first poll, so this cannot happen; if librdkafka handed one
-            // out anyway, read it again once the snapshot is in.
             let (id, offset) = (p.id, m.offset());
             drop(owned);
-            self.metrics.emit(Problem::ReadBeforeRestore {
-                partition: id,
-                offset,
-            });
-            if let Err(e) = self.consumer.seek(
-                &self.config.markers_topic,
-                id,
-                Offset::Offset(offset),
-                Duration::from_secs(5),
-            ) {
-                self.metrics.emit(Problem::RewindFailed {
-                    partition: id,
-                    error: &e,
-                });
-                self.stop.store(true, Ordering::Relaxed);
-            }
-            return;
+            return self.rewind(id, offset);
         }
         let ts = p.observe(
             m.offset(),
@@ -404,6 +386,29 @@ impl MarkersLoop {
                     error: &e,
                 }),
             },
+        }
+    }
+
+    /// A marker of partition `id` arrived before its snapshot was restored. The partition is
+    /// paused before its first poll, so this cannot happen; if librdkafka handed one out
+    /// anyway, it is read again once the snapshot is in. If even the rewind fails, the tracker
+    /// stops, so that the partition is replayed by its next owner.
+    fn rewind(&self, id: i32, offset: i64) {
+        self.metrics.emit(Problem::ReadBeforeRestore {
+            partition: id,
+            offset,
+        });
+        if let Err(e) = self.consumer.seek(
+            &self.config.markers_topic,
+            id,
+            Offset::Offset(offset),
+            Duration::from_secs(5),
+        ) {
+            self.metrics.emit(Problem::RewindFailed {
+                partition: id,
+                error: &e,
+            });
+            self.stop.store(true, Ordering::Relaxed);
         }
     }
 

@@ -194,52 +194,10 @@ impl OwnedPartition {
             .source_partition()
             .filter(|_| marker.source().is_none())
         {
-            // Version 2: one marker, many records; only the odd outcomes need saying.
-            let id = self.id;
-            let mut records = 0u64;
-            self.state
-                .on_batch(offset, timestamp_ms, marker, |applied, source_offset| {
-                    records += 1;
-                    match applied {
-                        Applied::Odd(oddity) => {
-                            let source = SourceRef::new(topic, partition, source_offset);
-                            metrics.emit(OddMarker {
-                                partition: id,
-                                offset,
-                                oddity,
-                                source: Some(&source),
-                            });
-                        }
-                        Applied::Cancelled => metrics.emit(Cancelled {
-                            id: &SourceRef::new(topic, partition, source_offset),
-                        }),
-                        _ => {}
-                    }
-                });
-            metrics.emit(BatchedRecords {
-                kind: marker.marker_type(),
-                records,
-            });
-            return;
+            return self.apply_batch(offset, timestamp_ms, marker, (topic, partition), metrics);
         }
         match self.state.on_marker(offset, timestamp_ms, marker) {
-            Applied::Tick(nonce) => {
-                if matches!(self.catch_up, CatchUp::Replaying { nonce: want, .. } if want == nonce)
-                {
-                    self.catch_up = CatchUp::Ready;
-                    // The broker's time when this tracker took the partition, even if replay
-                    // met a marker stamped later (see `clock`).
-                    let (raw, at) = self.last_read.unwrap_or((timestamp_ms, Instant::now()));
-                    self.clock.reset(raw, at);
-                    self.ready_at_ms = Some(raw);
-                    tracing::info!(
-                        partition = self.id,
-                        offset,
-                        in_flight = self.state.in_flight(),
-                        "caught up; partition ready"
-                    );
-                }
-            }
+            Applied::Tick(nonce) => self.on_tick(nonce, offset, timestamp_ms),
             Applied::Odd(oddity) => metrics.emit(OddMarker {
                 partition: self.id,
                 offset,
@@ -256,6 +214,62 @@ impl OwnedPartition {
             }),
             _ => {}
         }
+    }
+
+    /// Version 2: one marker, many records of source partition `(topic, partition)`; only the
+    /// odd outcomes need saying.
+    fn apply_batch(
+        &mut self,
+        offset: i64,
+        timestamp_ms: i64,
+        marker: &Marker,
+        (topic, partition): (&str, i32),
+        metrics: &Metrics,
+    ) {
+        let id = self.id;
+        let mut records = 0u64;
+        self.state
+            .on_batch(offset, timestamp_ms, marker, |applied, source_offset| {
+                records += 1;
+                match applied {
+                    Applied::Odd(oddity) => {
+                        let source = SourceRef::new(topic, partition, source_offset);
+                        metrics.emit(OddMarker {
+                            partition: id,
+                            offset,
+                            oddity,
+                            source: Some(&source),
+                        });
+                    }
+                    Applied::Cancelled => metrics.emit(Cancelled {
+                        id: &SourceRef::new(topic, partition, source_offset),
+                    }),
+                    _ => {}
+                }
+            });
+        metrics.emit(BatchedRecords {
+            kind: marker.marker_type(),
+            records,
+        });
+    }
+
+    /// A Tick was read: if it is the one this owner wrote, catch-up is over.
+    fn on_tick(&mut self, nonce: u64, offset: i64, timestamp_ms: i64) {
+        if !matches!(self.catch_up, CatchUp::Replaying { nonce: want, .. } if want == nonce) {
+            return;
+        }
+        self.catch_up = CatchUp::Ready;
+        // The broker's time when this tracker took the partition, even if replay met a marker
+        // stamped later (see `clock`).
+        let (raw, at) = self.last_read.unwrap_or((timestamp_ms, Instant::now()));
+        self.clock.reset(raw, at);
+        self.ready_at_ms = Some(raw);
+        tracing::info!(
+            partition = self.id,
+            offset,
+            in_flight = self.state.in_flight(),
+            "caught up; partition ready"
+        );
     }
 
     /// Takes the due deliveries at partition time `now_ms` (at most `limit`), marking those

@@ -214,17 +214,10 @@ impl SourceReader {
                     if c.next != before {
                         last_progress = Instant::now();
                     }
-                    // Far from the next wanted offset: jump instead of reading through.
-                    if let Some(&w) = c.offsets.get(c.next) {
-                        if w - (m.offset() + 1) > MAX_SCAN_GAP
-                            && self
-                                .consumer
-                                .seek(topic, m.partition(), Offset::Offset(w), SEEK_TIMEOUT)
-                                .is_err()
-                        {
-                            if let Some(c) = cursors.remove(&m.partition()) {
-                                read.insert(m.partition(), c.out);
-                            }
+                    if !self.jump_if_far(topic, &m, c) {
+                        // A failed seek: what this partition read so far is its answer.
+                        if let Some(c) = cursors.remove(&m.partition()) {
+                            read.insert(m.partition(), c.out);
                         }
                     }
                 }
@@ -245,6 +238,18 @@ impl SourceReader {
             read.insert(p, c.out);
         }
         read
+    }
+
+    /// Far from the cursor's next wanted offset after `m`: seeks there instead of reading
+    /// through. False only if that seek failed.
+    fn jump_if_far(&self, topic: &str, m: &BorrowedMessage<'_>, c: &Cursor<'_>) -> bool {
+        match c.offsets.get(c.next) {
+            Some(&w) if w - (m.offset() + 1) > MAX_SCAN_GAP => self
+                .consumer
+                .seek(topic, m.partition(), Offset::Offset(w), SEEK_TIMEOUT)
+                .is_ok(),
+            _ => true,
+        }
     }
 
     /// Asks the cluster whether `topic` still has `partition`. `Some(why)` when it does not:

@@ -174,30 +174,7 @@ pub fn decode_chunk(bytes: &[u8]) -> Result<Chunk, SnapshotError> {
     let entries_n = r.u32("entries").map_err(unreadable)? as usize;
     let mut entries = Vec::with_capacity(entries_n.min(r.remaining() / 38));
     for _ in 0..entries_n {
-        let topic = r.u32("entry_topic").map_err(unreadable)?;
-        let partition = r.i32("entry_partition").map_err(unreadable)?;
-        let offset = r.i64("entry_offset").map_err(unreadable)?;
-        let deadline_ms = r.i64("entry_deadline").map_err(unreadable)?;
-        let start_offset = r.i64("entry_start").map_err(unreadable)?;
-        let attempt = r.u32("entry_attempt").map_err(unreadable)?;
-        let kind_byte = r.u8("entry_kind").map_err(unreadable)?;
-        let kind = EntryKind::from_byte(kind_byte)
-            .ok_or_else(|| unreadable(format!("entry kind {kind_byte}")))?;
-        let reason = match r.u8("entry_reason_flag").map_err(unreadable)? {
-            0 => None,
-            1 => Some(r.string("entry_reason").map_err(unreadable)?),
-            other => return Err(unreadable(format!("reason flag {other}"))),
-        };
-        entries.push(ExportedEntry {
-            topic,
-            partition,
-            offset,
-            deadline_ms,
-            start_offset,
-            attempt,
-            kind,
-            reason,
-        });
+        entries.push(decode_entry(&mut r)?);
     }
     if r.remaining() > 0 {
         return Err(unreadable(format!("{} trailing bytes", r.remaining())));
@@ -207,6 +184,33 @@ pub fn decode_chunk(bytes: &[u8]) -> Result<Chunk, SnapshotError> {
         topics,
         time_samples,
         entries,
+    })
+}
+
+fn decode_entry(r: &mut Reader<'_>) -> Result<ExportedEntry, SnapshotError> {
+    let topic = r.u32("entry_topic").map_err(unreadable)?;
+    let partition = r.i32("entry_partition").map_err(unreadable)?;
+    let offset = r.i64("entry_offset").map_err(unreadable)?;
+    let deadline_ms = r.i64("entry_deadline").map_err(unreadable)?;
+    let start_offset = r.i64("entry_start").map_err(unreadable)?;
+    let attempt = r.u32("entry_attempt").map_err(unreadable)?;
+    let kind_byte = r.u8("entry_kind").map_err(unreadable)?;
+    let kind = EntryKind::from_byte(kind_byte)
+        .ok_or_else(|| unreadable(format!("entry kind {kind_byte}")))?;
+    let reason = match r.u8("entry_reason_flag").map_err(unreadable)? {
+        0 => None,
+        1 => Some(r.string("entry_reason").map_err(unreadable)?),
+        other => return Err(unreadable(format!("reason flag {other}"))),
+    };
+    Ok(ExportedEntry {
+        topic,
+        partition,
+        offset,
+        deadline_ms,
+        start_offset,
+        attempt,
+        kind,
+        reason,
     })
 }
 
