@@ -53,7 +53,7 @@ pub use scheduler::{CancelOutcome, ScheduleId, Scheduler, SchedulerConfig};
 pub use crate::marker::ScheduledRecord;
 
 use coalesce::Coalescer;
-use poller::{Poller, PollerContext};
+use poller::Poller;
 use settler::{MarkerWriter, Settler};
 
 /// A consumer that hands out records as [`Delivery`] handles and guarantees, with a running
@@ -104,7 +104,7 @@ impl RedeliveryConsumer {
     }
 
     fn connect(config: ConsumerConfig) -> Result<Self, ClientError> {
-        let consumer: BaseConsumer<PollerContext> = config
+        let consumer: BaseConsumer = config
             .client_config(&[
                 ("group.id", &config.group_id),
                 ("enable.auto.commit", "false"),
@@ -112,7 +112,7 @@ impl RedeliveryConsumer {
                 ("auto.offset.reset", "earliest"),
                 crate::kafka::FETCH_PACING,
             ])
-            .create_with_context(PollerContext::default())
+            .create()
             .map_err(kafka("creating the consumer"))?;
         let partitions = markers_partitions(&consumer, &config.markers_topic)?;
         broker_check::check(&config)?;

@@ -59,29 +59,8 @@ struct Polled {
     timeout: Duration,
 }
 
-/// The source consumer's context: reports the outcome of the asynchronous commits that
-/// [`Poller::commit`] makes (a failed one is logged, at most once per 10 s).
-#[derive(Default)]
-pub(crate) struct PollerContext {
-    log_limit: crate::log_limit::LogLimit,
-}
-
-impl rdkafka::ClientContext for PollerContext {}
-
-impl rdkafka::consumer::ConsumerContext for PollerContext {
-    fn commit_callback(&self, result: rdkafka::error::KafkaResult<()>, _: &TopicPartitionList) {
-        if let Err(error) = result {
-            if let Some(held_back) = self.log_limit.allow("commit", Instant::now()) {
-                // The Starts are durable, so nothing is lost: at worst the batch is polled
-                // again after a rebalance and delivered twice.
-                tracing::warn!(%error, held_back, "commit of source offsets failed");
-            }
-        }
-    }
-}
-
 pub(crate) struct Poller {
-    pub(crate) consumer: BaseConsumer<PollerContext>,
+    pub(crate) consumer: BaseConsumer,
     pub(crate) settler: Arc<Settler>,
     pub(crate) config: ConsumerConfig,
     pub(crate) out: mpsc::Sender<Delivery>,
@@ -437,11 +416,11 @@ impl Poller {
         if tpl.count() == 0 {
             return;
         }
-        // Asynchronous: every offset in it is past a durable Start already (invariant 1), so
-        // nothing needs to wait for the broker's answer before the batch is handed out, and a
-        // round trip per batch leaves the critical path. librdkafka sends commits in order;
-        // the outcome arrives in `PollerContext::commit_callback`.
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
+        // Synchronous, so that a batch handed out is committed: a crash after this point leaves
+        // the batch to the tracker and it is not polled again (tests/crash_points.rs,
+        // `after-commit`). An asynchronous commit was measured to gain nothing once fetching
+        // no longer paused (BENCHMARKS.md), and a crash right after it re-polled the batch.
+        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
             // The Starts are durable, so handing over is still safe: at worst the batch is
             // polled again after a rebalance and delivered twice.
             tracing::warn!(error = %e, "commit of source offsets failed");

@@ -320,7 +320,11 @@ impl MarkersLoop {
             self.consumer
                 .context()
                 .install_restores(&self.consumer, Instant::now());
-            self.publish_ready_early();
+            if self.became_ready() {
+                // Ready, its view and its gauges said together, at once.
+                self.commit_and_publish();
+                next_commit = Instant::now() + self.config.commit_interval;
+            }
             self.send_ticks(&mut ticks);
             self.dispatch_due();
             if Instant::now() >= next_commit {
@@ -421,19 +425,18 @@ impl MarkersLoop {
             .saturating_duration_since(now)
     }
 
-    /// Says "ready" as soon as the last partition has read its Tick back, rather than at the
-    /// next commit interval (which made every restart look up to an interval slower than it
-    /// was). Becoming unready still waits for the interval: readiness is for probes and
-    /// operators, while what may be redelivered is decided per partition by its own Tick.
-    fn publish_ready_early(&self) {
+    /// Whether the last partition has just read its Tick back while the tracker still says it
+    /// is not ready: then the interval's work (readiness, the `/inspect` view, gauges, commits)
+    /// is done at once rather than at the next commit interval, which made every restart look
+    /// up to an interval slower than it was. Becoming unready still waits for the interval:
+    /// readiness is for probes and operators, while what may be redelivered is decided per
+    /// partition by its own Tick.
+    fn became_ready(&self) -> bool {
         if self.ready.is_ready() {
-            return;
+            return false;
         }
         let owned = self.consumer.context().lock();
-        if plan::all_ready(&owned.partitions, owned.assigned_once) {
-            self.ready.set(true);
-            self.metrics.readiness(true, owned.partitions.len());
-        }
+        plan::all_ready(&owned.partitions, owned.assigned_once)
     }
 
     fn send_ticks(&self, pending: &mut Vec<DeliveryFuture>) {
