@@ -16,20 +16,12 @@ pub fn target_dir() -> Result<PathBuf, crate::Error> {
 
 /// The crate binary `name` in `target/<profile>`, or an error saying how to build it.
 pub fn binary(name: &str) -> Result<PathBuf, crate::Error> {
-    built(target_dir()?.join(name), "--bins")
-}
-
-/// The example `name` in `target/<profile>/examples`, or an error saying how to build it.
-pub fn example(name: &str) -> Result<PathBuf, crate::Error> {
-    built(target_dir()?.join("examples").join(name), "--examples")
-}
-
-fn built(path: PathBuf, how: &str) -> Result<PathBuf, crate::Error> {
+    let path = target_dir()?.join(name);
     if path.exists() {
         Ok(path)
     } else {
         Err(format!(
-            "{} is missing: build it with `cargo build --all-features {how}`",
+            "{} is missing: build it with `cargo build --all-features --bins`",
             path.display()
         )
         .into())

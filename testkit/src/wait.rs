@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 /// Checks `done` every `every` until it returns `Some`, for at most `limit`; `None` if it never
-/// did. Blocking: for threads and synchronous tests.
+/// did. Blocking: an async test calls it from `spawn_blocking`.
 pub fn until<T>(
     limit: Duration,
     every: Duration,
@@ -19,24 +19,6 @@ pub fn until<T>(
             return None;
         }
         std::thread::sleep(every);
-    }
-}
-
-/// [`until`] for async tests: sleeps on the Tokio timer between checks.
-pub async fn until_async<T>(
-    limit: Duration,
-    every: Duration,
-    mut done: impl FnMut() -> Option<T>,
-) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = done() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(every).await;
     }
 }
 

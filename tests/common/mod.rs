@@ -295,15 +295,23 @@ pub async fn wait_ready_http(admin: &str) {
 
 /// Waits until the sum of metric family `name` on the tracker process at `admin` satisfies
 /// `done`; fails after a minute, showing the value.
-pub async fn wait_metric_http(admin: &str, name: &str, done: impl Fn(f64) -> bool) {
-    let value = || http_get(admin, "/metrics").map(|(_, body)| metric_sum(&body, name));
-    let got = redelivery_testkit::wait::until_async(
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || value().filter(|v| done(*v)),
-    )
-    .await;
-    assert!(got.is_some(), "{name} at {admin} is {:?}", value());
+pub async fn wait_metric_http(
+    admin: &str,
+    name: &str,
+    done: impl Fn(f64) -> bool + Send + 'static,
+) {
+    let (admin, name) = (admin.to_string(), name.to_string());
+    tokio::task::spawn_blocking(move || {
+        let value = || http_get(&admin, "/metrics").map(|(_, body)| metric_sum(&body, &name));
+        let got = redelivery_testkit::wait::until(
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || value().filter(|v| done(*v)),
+        );
+        assert!(got.is_some(), "{name} at {admin} is {:?}", value());
+    })
+    .await
+    .unwrap();
 }
 
 /// Collects, per key, the attempts seen.
