@@ -120,6 +120,11 @@ impl EventBus {
         self.tx.subscribe()
     }
 
+    /// Whether anyone is listening now.
+    pub fn has_listeners(&self) -> bool {
+        self.tx.receiver_count() > 0
+    }
+
     /// Publishes the event `make` builds, if anyone is listening. Never blocks.
     pub fn emit(&self, make: impl FnOnce() -> Event) {
         if self.tx.receiver_count() > 0 {

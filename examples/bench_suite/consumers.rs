@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use kafka_redelivery::client::{ConsumerConfig, MarkerFormat, RedeliveryConsumer};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
@@ -300,8 +301,11 @@ fn floor(
     })
 }
 
-/// The client library, acking each delivery on its own task; with `unsettled` > 0, that share
-/// of first deliveries is abandoned and acked when it comes back.
+/// The client library. Acks are pipelined as an application would: each `ack()` future goes
+/// into one `FuturesUnordered` driven by the receive loop, so many Ends are on their way at
+/// once without a task per record (a `tokio::spawn` per ack cost more CPU than our whole
+/// settlement path; BENCHMARKS.md, "Client cost per record"). With `unsettled` > 0, that
+/// share of first deliveries is abandoned and acked when it comes back.
 async fn ours(
     brokers: &str,
     topics: &Topics,
@@ -323,43 +327,43 @@ async fn ours(
     let started = Instant::now();
     let mut steady = Steady::new(target.load(Ordering::Relaxed));
     let mut c = RedeliveryConsumer::new(config).await?;
-    let acked = Arc::new(AtomicUsize::new(0));
+    let mut acked = 0usize;
     let mut lat = Vec::new();
-    let mut acking = 0usize;
-    while acked.load(Ordering::Relaxed) < target.load(Ordering::Relaxed)
-        && started.elapsed() < limit
-    {
-        // Once every record is being acked, only the acks are awaited: look often, or the
-        // last wait would be counted in the elapsed time.
-        let wait = if acking >= target.load(Ordering::Relaxed) {
-            Duration::from_millis(1)
-        } else {
-            Duration::from_millis(100)
-        };
-        let Some(d) = c.recv_timeout(wait).await else {
-            continue;
-        };
-        let handed = seen.fetch_add(1, Ordering::Relaxed) + 1;
-        steady.saw(handed);
-        if d.attempt() == 1 {
-            lat.push(
-                d.timestamp_ms()
-                    .map_or(0.0, |ts| (now_ms() - ts as f64).max(0.0)),
-            );
-            if rand::random::<f64>() < unsettled {
-                d.abandon();
-                continue;
+    let mut acks = FuturesUnordered::new();
+    let give_up = tokio::time::sleep(limit.saturating_sub(started.elapsed()));
+    tokio::pin!(give_up);
+    // The target can grow while nothing arrives (a fixed-load run sets it when its producer
+    // is done): look at it again now and then.
+    let mut recheck = tokio::time::interval(Duration::from_millis(10));
+    while acked < target.load(Ordering::Relaxed) {
+        tokio::select! {
+            biased;
+            Some(done) = acks.next() => {
+                if Result::is_ok(&done) {
+                    acked += 1;
+                }
             }
+            got = c.recv() => {
+                let Some(d) = got else { break };
+                let handed = seen.fetch_add(1, Ordering::Relaxed) + 1;
+                steady.saw(handed);
+                if d.attempt() == 1 {
+                    lat.push(
+                        d.timestamp_ms()
+                            .map_or(0.0, |ts| (now_ms() - ts as f64).max(0.0)),
+                    );
+                    if rand::random::<f64>() < unsettled {
+                        d.abandon();
+                        continue;
+                    }
+                }
+                acks.push(d.ack());
+            }
+            _ = recheck.tick() => {}
+            () = &mut give_up => break,
         }
-        acking += 1;
-        let acked = acked.clone();
-        tokio::spawn(async move {
-            if d.ack().await.is_ok() {
-                acked.fetch_add(1, Ordering::Relaxed);
-            }
-        });
     }
-    let received = acked.load(Ordering::Relaxed);
+    let received = acked;
     let elapsed = started.elapsed();
     let steady = steady.window(received);
     c.close().await?;

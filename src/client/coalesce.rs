@@ -1,32 +1,42 @@
 //! Gathers settlements into version 2 Settle markers: one marker per source partition per
 //! window instead of one per record.
 //!
-//! `ack()` still returns only once its End is durable: each caller gets a handle on the write
-//! of the very marker its settlement went into. A window opens with the first settlement after
-//! a flush and closes after [`ConsumerConfig::settle_window`](super::ConsumerConfig) or as soon
-//! as one partition has gathered `max_records`, whichever comes first. One thread does the
-//! flushing, so no application task waits for the window on its own.
+//! `ack()` still returns only once its End is durable: each settlement gets a one-shot answer,
+//! sent when the very marker it went into is acknowledged by the broker (one task per marker
+//! waits for that and answers every settlement in it). A window opens with the first
+//! settlement after a flush and closes after
+//! [`ConsumerConfig::settle_window`](super::ConsumerConfig) or as soon as one partition has
+//! gathered `max_records`, whichever comes first. One thread does the flushing, so no
+//! application task waits for the window on its own.
+//!
+//! Per settlement this costs a lock, a push and a one-shot channel: the profile of the client
+//! (BENCHMARKS.md, "Client cost per record") showed a shared future per marker, with a waker
+//! registered per settlement, costing more than the marker itself.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use futures::channel::oneshot;
-use futures::future::{BoxFuture, Shared};
 use rdkafka::error::KafkaError;
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
 
 use crate::failpoint;
 use crate::marker::{Marker, Offsets, Settle, SourceRef, MAX_BATCH_RECORDS};
 
-use super::settler::MarkerWriter;
+use super::settler::{durable, MarkerWriter};
 
 /// Most bytes of reject reasons one Settle carries before it is written without waiting for
 /// the window: far below the 1 MB a markers topic accepts by default, however many records
 /// are rejected at once with long reasons.
 const MAX_REASON_BYTES_PER_MARKER: usize = 256 * 1024;
 
-/// The durable write of one Settle marker, awaited by every settlement in it.
-pub(crate) type Written = Shared<BoxFuture<'static, Result<(), KafkaError>>>;
+/// Settlements one partition's gathering makes room for up front.
+const GATHER_CAPACITY: usize = 512;
+
+/// The answer a settlement waits for: its marker is durable, or why not.
+pub(crate) type Durable = oneshot::Receiver<Result<(), KafkaError>>;
+type Answer = oneshot::Sender<Result<(), KafkaError>>;
 
 /// One settlement, as a version 1 marker would carry it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,16 +48,14 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    /// The settlement a version 1 settlement marker stands for; `None` for Start, Schedule,
-    /// Tick and the version 2 markers.
-    pub(crate) fn of(marker: &Marker) -> Option<(&SourceRef, Op)> {
-        Some(match marker {
-            Marker::End { source } => (source, Op::End),
-            Marker::Nack { source, delay_ms } => (source, Op::Nack(*delay_ms)),
-            Marker::Reject { source, reason } => (source, Op::Reject(reason.clone())),
-            Marker::KeepAlive { source, timeout_ms } => (source, Op::KeepAlive(*timeout_ms)),
-            _ => return None,
-        })
+    /// The version 1 marker of this settlement of `source`.
+    pub(crate) fn marker(self, source: SourceRef) -> Marker {
+        match self {
+            Op::End => Marker::End { source },
+            Op::Nack(delay_ms) => Marker::Nack { source, delay_ms },
+            Op::Reject(reason) => Marker::Reject { source, reason },
+            Op::KeepAlive(timeout_ms) => Marker::KeepAlive { source, timeout_ms },
+        }
     }
 }
 
@@ -59,7 +67,7 @@ struct Gathered {
     settle: Settle,
     count: usize,
     reason_bytes: usize,
-    waiters: Vec<oneshot::Sender<Written>>,
+    waiters: Vec<Answer>,
 }
 
 impl Gathered {
@@ -67,7 +75,7 @@ impl Gathered {
         self.count >= max_records || self.reason_bytes >= MAX_REASON_BYTES_PER_MARKER
     }
 
-    fn into_marker(self) -> (Marker, bool, Vec<oneshot::Sender<Written>>) {
+    fn into_marker(self) -> (Marker, bool, Vec<Answer>) {
         let mut settle = self.settle;
         let has_end = !self.ends.is_empty();
         settle.ends = Offsets::collect(self.ends);
@@ -106,11 +114,13 @@ pub(crate) struct Coalescer {
 }
 
 impl Coalescer {
-    /// Starts the flushing thread, which writes through `writer`.
+    /// Starts the flushing thread, which writes through `writer`; the tasks that wait for
+    /// each marker's delivery report run on `runtime`.
     pub(crate) fn start(
         window: Duration,
         max_records: usize,
         writer: MarkerWriter,
+        runtime: Handle,
     ) -> std::io::Result<Self> {
         let inner = Arc::new(Inner {
             pending: Mutex::new(Pending::default()),
@@ -119,7 +129,7 @@ impl Coalescer {
         let flusher = inner.clone();
         let thread = std::thread::Builder::new()
             .name("redelivery-settle".into())
-            .spawn(move || flush_loop(&flusher, window, &writer))?;
+            .spawn(move || flush_loop(&flusher, window, &writer, &runtime))?;
         Ok(Coalescer {
             inner,
             max_records: max_records.clamp(1, MAX_BATCH_RECORDS),
@@ -128,8 +138,9 @@ impl Coalescer {
     }
 
     /// Adds a settlement to the next Settle marker of its source partition. The receiver
-    /// yields that marker's write; it is cancelled if the consumer closes first.
-    pub(crate) fn add(&self, source: &SourceRef, op: Op) -> oneshot::Receiver<Written> {
+    /// answers once that marker is durable (or failed); it is cancelled if the consumer
+    /// closes first.
+    pub(crate) fn add(&self, source: &SourceRef, op: Op) -> Durable {
         let (tx, rx) = oneshot::channel();
         let mut p = self.inner.lock();
         if p.closed {
@@ -140,14 +151,17 @@ impl Coalescer {
             g.partition == source.partition && !g.is_full(max) && g.topic == source.topic
         });
         let i = at.unwrap_or_else(|| {
+            // Sized for a full marker at once: growing these vectors one push at a time
+            // showed in the profile.
+            let room = max.min(GATHER_CAPACITY);
             p.gathered.push(Gathered {
                 topic: source.topic.clone(),
                 partition: source.partition,
-                ends: Vec::new(),
+                ends: Vec::with_capacity(room),
                 settle: Settle::new(source.topic.clone(), source.partition),
                 count: 0,
                 reason_bytes: 0,
-                waiters: Vec::new(),
+                waiters: Vec::with_capacity(room),
             });
             p.gathered.len() - 1
         });
@@ -196,44 +210,57 @@ impl Drop for Coalescer {
 }
 
 /// Waits for a window to open and close, then writes one marker per gathered partition.
-fn flush_loop(inner: &Inner, window: Duration, writer: &MarkerWriter) {
-    loop {
-        let gathered = {
-            let mut p = inner.lock();
-            loop {
-                if p.gathered.is_empty() {
-                    if p.closed {
-                        return;
-                    }
-                    p.opened = None;
-                    p = inner.wake.wait(p).unwrap_or_else(|e| e.into_inner());
-                    continue;
-                }
-                let left = window.saturating_sub(p.opened.map_or(window, |t| t.elapsed()));
-                if p.full || p.closed || left.is_zero() {
-                    break;
-                }
-                p = inner
-                    .wake
-                    .wait_timeout(p, left)
-                    .map(|(p, _)| p)
-                    .unwrap_or_else(|e| e.into_inner().0);
-            }
-            p.opened = None;
-            p.full = false;
-            std::mem::take(&mut p.gathered)
-        };
+fn flush_loop(inner: &Inner, window: Duration, writer: &MarkerWriter, runtime: &Handle) {
+    while let Some(gathered) = next_window(inner, window) {
         for g in gathered {
             let (marker, has_end, waiters) = g.into_marker();
-            let written = writer.write(&marker);
+            let sent = writer.send(&marker);
             if has_end {
                 failpoint::hit("after-end-sent");
             }
-            for w in waiters {
-                // A waiter that gave up (its task was dropped) no longer cares.
-                let _ = w.send(written.clone());
+            match sent {
+                // One task per marker waits for its delivery report and answers everyone in it.
+                Ok(report) => {
+                    runtime.spawn(async move { answer(waiters, durable(report).await) });
+                }
+                Err(e) => answer(waiters, Err(e)),
             }
         }
+    }
+}
+
+/// Blocks until a window has opened and closed (or the coalescer closed with settlements
+/// left) and takes what it gathered; `None` once closed with nothing left.
+fn next_window(inner: &Inner, window: Duration) -> Option<Vec<Gathered>> {
+    let mut p = inner.lock();
+    loop {
+        if p.gathered.is_empty() {
+            if p.closed {
+                return None;
+            }
+            p.opened = None;
+            p = inner.wake.wait(p).unwrap_or_else(|e| e.into_inner());
+            continue;
+        }
+        let left = window.saturating_sub(p.opened.map_or(window, |t| t.elapsed()));
+        if p.full || p.closed || left.is_zero() {
+            break;
+        }
+        p = inner
+            .wake
+            .wait_timeout(p, left)
+            .map(|(p, _)| p)
+            .unwrap_or_else(|e| e.into_inner().0);
+    }
+    p.opened = None;
+    p.full = false;
+    Some(std::mem::take(&mut p.gathered))
+}
+
+fn answer(waiters: Vec<Answer>, result: Result<(), KafkaError>) {
+    for w in waiters {
+        // A waiter that gave up (its task was dropped) no longer cares.
+        let _ = w.send(result.clone());
     }
 }
 
@@ -257,7 +284,7 @@ mod tests {
             .create()
             .unwrap();
         let writer = MarkerWriter::new(producer, "m".into(), 1);
-        let c = Coalescer::start(Duration::from_millis(20), 3, writer).unwrap();
+        let c = Coalescer::start(Duration::from_millis(20), 3, writer, Handle::current()).unwrap();
         let mut waiting = Vec::new();
         for offset in 0..5 {
             waiting.push(c.add(&SourceRef::new("t", 0, offset), Op::End));
@@ -265,7 +292,7 @@ mod tests {
         waiting.push(c.add(&SourceRef::new("t", 1, 7), Op::Nack(9)));
         waiting.push(c.add(&SourceRef::new("t", 1, 8), Op::Reject("no".into())));
         for w in waiting {
-            w.await.expect("gathered").await.expect("durable");
+            w.await.expect("answered").expect("durable");
         }
 
         let consumer: BaseConsumer = crate::kafka::client_config(
@@ -305,11 +332,29 @@ mod tests {
     }
 
     #[test]
-    fn op_of_covers_the_settlements_and_nothing_else() {
+    fn each_op_becomes_its_version_1_marker() {
         let s = SourceRef::new("t", 1, 2);
-        let end = Marker::End { source: s.clone() };
-        assert_eq!(Op::of(&end).map(|o| o.1), Some(Op::End));
-        let tick = Marker::Tick { nonce: 1 };
-        assert!(Op::of(&tick).is_none());
+        assert_eq!(Op::End.marker(s.clone()), Marker::End { source: s.clone() });
+        assert_eq!(
+            Op::Nack(5).marker(s.clone()),
+            Marker::Nack {
+                source: s.clone(),
+                delay_ms: 5
+            }
+        );
+        assert_eq!(
+            Op::Reject("r".into()).marker(s.clone()),
+            Marker::Reject {
+                source: s.clone(),
+                reason: "r".into()
+            }
+        );
+        assert_eq!(
+            Op::KeepAlive(7).marker(s.clone()),
+            Marker::KeepAlive {
+                source: s,
+                timeout_ms: 7
+            }
+        );
     }
 }

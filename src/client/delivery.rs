@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use crate::events::{Event, EventKind};
 use crate::headers::HeaderList;
-use crate::marker::{duration_to_ms_u32, Marker, SourceRef};
+use crate::marker::{duration_to_ms_u32, SourceRef};
 
+use super::coalesce::Op;
 use super::error::ClientError;
 use super::retry::{unit_random, RetryPolicy};
 use super::settler::Settler;
@@ -124,13 +125,7 @@ impl Delivery {
     /// Acknowledges the record: it will not be redelivered. Returns once the End marker is
     /// durable. On error the record may be redelivered after its timeout.
     pub async fn ack(mut self) -> Result<(), ClientError> {
-        self.settle(
-            Marker::End {
-                source: self.source.clone(),
-            },
-            "end",
-        )
-        .await
+        self.settle(Op::End, "end").await
     }
 
     /// Gives the record back under the consumer's retry policy: redelivered after the
@@ -161,27 +156,13 @@ impl Delivery {
     /// whatever the retry policy says. The redelivery counts as an attempt.
     pub async fn nack_after(mut self, delay: Duration) -> Result<(), ClientError> {
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        self.settle(
-            Marker::Nack {
-                source: self.source.clone(),
-                delay_ms,
-            },
-            "nack",
-        )
-        .await
+        self.settle(Op::Nack(delay_ms), "nack").await
     }
 
     /// Refuses the record: the tracker sends it to the dead-letter topic now, with `reason` in
     /// its `kr-dlq-detail` header.
     pub async fn reject(mut self, reason: impl Into<String>) -> Result<(), ClientError> {
-        self.settle(
-            Marker::Reject {
-                source: self.source.clone(),
-                reason: reason.into(),
-            },
-            "reject",
-        )
-        .await
+        self.settle(Op::Reject(reason.into()), "reject").await
     }
 
     /// Pushes the deadline out by this delivery's timeout, counted from now.
@@ -192,11 +173,8 @@ impl Delivery {
     /// Pushes the deadline out to `timeout` from now. Later keep-alives use this timeout too
     /// only if given it again; [`keep_alive`](Self::keep_alive) uses the delivery's timeout.
     pub async fn keep_alive_for(&self, timeout: Duration) -> Result<(), ClientError> {
-        let marker = Marker::KeepAlive {
-            source: self.source.clone(),
-            timeout_ms: duration_to_ms_u32(timeout),
-        };
-        self.settler.write(&marker, "keep_alive").await
+        let op = Op::KeepAlive(duration_to_ms_u32(timeout));
+        self.settler.settle(&self.source, op, "keep_alive").await
     }
 
     /// Keeps this delivery alive in the background (a KeepAlive every third of its timeout)
@@ -210,17 +188,16 @@ impl Delivery {
             return;
         };
         let settler = self.settler.clone();
-        let marker = Marker::KeepAlive {
-            source: self.source.clone(),
-            timeout_ms: duration_to_ms_u32(self.timeout),
-        };
+        let source = self.source.clone();
+        let timeout_ms = duration_to_ms_u32(self.timeout);
         let every = (self.timeout / 3).max(Duration::from_millis(10));
         let task = rt.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
             loop {
                 tick.tick().await;
-                if let Err(e) = settler.write(&marker, "keep_alive").await {
+                let op = Op::KeepAlive(timeout_ms);
+                if let Err(e) = settler.settle(&source, op, "keep_alive").await {
                     tracing::warn!(error = %e, "automatic keep-alive failed; will try again");
                 }
             }
@@ -236,17 +213,21 @@ impl Delivery {
         self.finish();
     }
 
-    async fn settle(&mut self, marker: Marker, name: &'static str) -> Result<(), ClientError> {
+    async fn settle(&mut self, op: Op, name: &'static str) -> Result<(), ClientError> {
         self.finish();
-        self.settler.write(&marker, name).await?;
-        self.settler.events.emit(|| {
-            let (kind, detail) = match &marker {
-                Marker::Nack { delay_ms, .. } => (EventKind::Nacked, format!("{delay_ms}ms")),
-                Marker::Reject { reason, .. } => (EventKind::DeadLettered, reason.clone()),
-                _ => (EventKind::Acked, String::new()),
-            };
-            Event::new(kind, self.source.clone(), self.attempt).detail(detail)
+        // What the event says, taken before `op` moves into the settlement (cheap: only a
+        // reject's reason is cloned, and only if someone listens).
+        let said = self.settler.events.has_listeners().then(|| match &op {
+            Op::Nack(delay_ms) => (EventKind::Nacked, format!("{delay_ms}ms")),
+            Op::Reject(reason) => (EventKind::DeadLettered, reason.clone()),
+            _ => (EventKind::Acked, String::new()),
         });
+        self.settler.settle(&self.source, op, name).await?;
+        if let Some((kind, detail)) = said {
+            self.settler
+                .events
+                .emit(|| Event::new(kind, self.source.clone(), self.attempt).detail(detail));
+        }
         Ok(())
     }
 
@@ -268,10 +249,7 @@ impl Drop for Delivery {
             return;
         }
         tracing::debug!(source = %self.source, "delivery dropped unsettled; releasing it for redelivery");
-        self.settler.write_detached(Marker::Nack {
-            source: self.source.clone(),
-            delay_ms: 0,
-        });
+        self.settler.settle_detached(&self.source, Op::Nack(0));
         self.finish();
     }
 }

@@ -35,12 +35,14 @@ mod schedule_scan;
 mod scheduler;
 mod settler;
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
+use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
 pub use config::{ConsumerConfig, MarkerFormat};
@@ -80,7 +82,9 @@ use settler::{MarkerWriter, Settler};
 /// # Ok(()) }
 /// ```
 pub struct RedeliveryConsumer {
-    deliveries: mpsc::Receiver<Delivery>,
+    deliveries: mpsc::Receiver<Vec<Delivery>>,
+    /// The rest of the batch `recv` last took from the channel.
+    ready: VecDeque<Delivery>,
     auto_keep_alive: bool,
     settler: Arc<Settler>,
     stop: Arc<AtomicBool>,
@@ -98,12 +102,14 @@ impl RedeliveryConsumer {
     /// (up to 10 s against a slow broker) runs on a blocking thread, not on the caller's
     /// async runtime.
     pub async fn new(config: ConsumerConfig) -> Result<Self, ClientError> {
-        tokio::task::spawn_blocking(move || Self::connect(config))
+        // The runtime the settlements' delivery reports are awaited on: the caller's.
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || Self::connect(config, runtime))
             .await
             .map_err(|e| ClientError::PollThread(format!("could not be set up: {e}")))?
     }
 
-    fn connect(config: ConsumerConfig) -> Result<Self, ClientError> {
+    fn connect(config: ConsumerConfig, runtime: Handle) -> Result<Self, ClientError> {
         let consumer: BaseConsumer = config
             .client_config(&[
                 ("group.id", &config.group_id),
@@ -124,7 +130,9 @@ impl RedeliveryConsumer {
         consumer.subscribe(&topics).map_err(kafka("subscribing"))?;
 
         let writer = MarkerWriter::new(producer, config.markers_topic.clone(), partitions);
-        let settler = Arc::new(settler(&config, writer)?);
+        let settler = Arc::new(settler(&config, writer, runtime)?);
+        // Counted in batches; `max_unsettled` bounds the records (the poll thread takes no
+        // more than the room left).
         let (tx, rx) = mpsc::channel(config.max_unsettled.max(1));
         let auto_keep_alive = config.auto_keep_alive;
         let stop = Arc::new(AtomicBool::new(false));
@@ -144,6 +152,7 @@ impl RedeliveryConsumer {
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {
             deliveries: rx,
+            ready: VecDeque::new(),
             auto_keep_alive,
             settler,
             stop,
@@ -162,7 +171,11 @@ impl RedeliveryConsumer {
     /// The next delivery, or `None` once the consumer has stopped: closed, or its poll thread
     /// died ([`failure`](Self::failure) and [`close`](Self::close) then say why).
     pub async fn recv(&mut self) -> Option<Delivery> {
-        let mut d = self.deliveries.recv().await?;
+        if self.ready.is_empty() {
+            // Cancel-safe: a batch is either still in the channel or already in `ready`.
+            self.ready.extend(self.deliveries.recv().await?);
+        }
+        let mut d = self.ready.pop_front()?;
         if self.auto_keep_alive {
             // Started here, on the application's runtime; the poll thread has none.
             d.auto_keep_alive();
@@ -204,6 +217,7 @@ impl RedeliveryConsumer {
     pub async fn close(mut self) -> Result<(), ClientError> {
         self.stop.store(true, Ordering::Relaxed);
         self.deliveries.close();
+        self.ready.clear();
         while self.deliveries.try_recv().is_ok() {}
         if let Some(thread) = self.thread.take() {
             let joined = tokio::task::spawn_blocking(move || thread.join());
@@ -256,7 +270,11 @@ fn markers_partitions<C: rdkafka::consumer::ConsumerContext>(
 }
 
 /// The settler of a new consumer: version 2 settlements go through a coalescer thread.
-fn settler(config: &ConsumerConfig, writer: MarkerWriter) -> Result<Settler, ClientError> {
+fn settler(
+    config: &ConsumerConfig,
+    writer: MarkerWriter,
+    runtime: Handle,
+) -> Result<Settler, ClientError> {
     let coalescer = match config.marker_format {
         MarkerFormat::V1 => None,
         _ => Some(
@@ -264,6 +282,7 @@ fn settler(config: &ConsumerConfig, writer: MarkerWriter) -> Result<Settler, Cli
                 config.settle_window,
                 config.max_settle_batch,
                 writer.clone(),
+                runtime,
             )
             .map_err(ClientError::Thread)?,
         ),
@@ -276,7 +295,7 @@ fn settler(config: &ConsumerConfig, writer: MarkerWriter) -> Result<Settler, Cli
 fn spawn_poller(
     poller: Poller,
     died: Arc<Mutex<Option<String>>>,
-    hold_open: mpsc::Sender<Delivery>,
+    hold_open: mpsc::Sender<Vec<Delivery>>,
 ) -> Result<std::thread::JoinHandle<()>, ClientError> {
     std::thread::Builder::new()
         .name("redelivery-poll".into())

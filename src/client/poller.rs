@@ -63,7 +63,8 @@ pub(crate) struct Poller {
     pub(crate) consumer: BaseConsumer,
     pub(crate) settler: Arc<Settler>,
     pub(crate) config: ConsumerConfig,
-    pub(crate) out: mpsc::Sender<Delivery>,
+    /// Handed-out batches, in the order polled.
+    pub(crate) out: mpsc::Sender<Vec<Delivery>>,
     /// The consumer's retry policy, shared by every delivery.
     pub(crate) retry: Arc<RetryPolicy>,
     pub(crate) stop: Arc<AtomicBool>,
@@ -325,13 +326,18 @@ impl Poller {
         }
         self.commit(&handed);
         failpoint::hit("after-commit");
-        for p in handed {
-            self.settler.handed_out();
-            let delivery = self.delivery(p);
-            if self.out.blocking_send(delivery).is_err() {
-                // The application dropped the consumer; the delivery's Drop releases it.
-                break;
-            }
+        // The batch goes over as one message: a send per record (and the wake-up of the
+        // receiving task each can cost) showed in the profile.
+        let deliveries: Vec<Delivery> = handed
+            .into_iter()
+            .map(|p| {
+                self.settler.handed_out();
+                self.delivery(p)
+            })
+            .collect();
+        if !deliveries.is_empty() {
+            // If the application dropped the consumer, the deliveries' Drop releases them.
+            let _ = self.out.blocking_send(deliveries);
         }
         failed.is_empty()
     }
@@ -366,10 +372,12 @@ impl Poller {
 
     /// Whether `s` lies in a held partition at or after the record it must be re-read from.
     fn is_held(&self, s: &SourceRef) -> bool {
-        self.held
-            .borrow()
-            .get(&(s.topic.clone(), s.partition))
-            .is_some_and(|&from| s.offset >= from)
+        let held = self.held.borrow();
+        // Almost always empty: then no key (a copy of the topic name) is built.
+        !held.is_empty()
+            && held
+                .get(&(s.topic.clone(), s.partition))
+                .is_some_and(|&from| s.offset >= from)
     }
 
     /// Tries the seek of each held partition again. A partition no longer assigned is let go:

@@ -2,12 +2,12 @@
 //! (KeepAlive, End, Nack, Reject). In format version 2 the settlements go through the
 //! [`Coalescer`], which gathers them into one Settle marker per source partition and window.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use futures::FutureExt;
+use futures::future::Either;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
@@ -15,7 +15,7 @@ use rdkafka::util::Timeout;
 use crate::events::EventBus;
 use crate::marker::{encode, markers_partition, Marker, SourceRef};
 
-use super::coalesce::{Coalescer, Op, Written};
+use super::coalesce::{Coalescer, Op};
 use super::error::ClientError;
 
 /// Writes markers to the markers partition of their source partition.
@@ -56,14 +56,6 @@ impl MarkerWriter {
             }
         }
     }
-
-    /// Queues a marker; the result, shareable among waiters, resolves when it is durable.
-    pub(crate) fn write(&self, marker: &Marker) -> Written {
-        match self.send(marker) {
-            Ok(future) => durable(future).boxed().shared(),
-            Err(e) => futures::future::ready(Err(e)).boxed().shared(),
-        }
-    }
 }
 
 /// The markers writer and the count of unsettled deliveries.
@@ -74,6 +66,8 @@ pub(crate) struct Settler {
     unsettled: AtomicUsize,
     /// Signalled when a delivery settles, for a poll thread waiting for room.
     room: (Mutex<()>, Condvar),
+    /// The poll thread waits on `room`: only then is a settlement worth a notification.
+    room_waiting: AtomicBool,
     /// Where deliveries and settlements are announced.
     pub(crate) events: EventBus,
     /// Records polled with a `kr-*` header out of its range (clamped or ignored).
@@ -88,6 +82,7 @@ impl Settler {
             coalescer,
             unsettled: AtomicUsize::new(0),
             room: (Mutex::new(()), Condvar::new()),
+            room_waiting: AtomicBool::new(false),
             events: EventBus::default(),
             odd_headers: AtomicU64::new(0),
             log_limit: Default::default(),
@@ -132,58 +127,55 @@ impl Settler {
         self.writer.send(marker)
     }
 
-    /// Queues a marker, or in version 2 gathers the settlement it stands for, and returns
-    /// the write to wait for.
-    fn queue(&self, marker: &Marker) -> BoxFuture<'static, Result<(), KafkaError>> {
-        match (&self.coalescer, Op::of(marker)) {
-            (Some(coalescer), Some((source, op))) => {
-                let gathered = coalescer.add(source, op);
-                async move {
-                    match gathered.await {
-                        Ok(written) => written.await,
-                        Err(_) => Err(KafkaError::Canceled),
-                    }
-                }
-                .boxed()
+    /// Queues the settlement `op` of `source` now (in version 2, gathered into the next
+    /// Settle marker of its partition); the future resolves when it is durable. Not boxed: an
+    /// ack allocates only its one-shot answer.
+    fn queue(
+        &self,
+        source: &SourceRef,
+        op: Op,
+    ) -> impl Future<Output = Result<(), KafkaError>> + Send + 'static {
+        match &self.coalescer {
+            Some(coalescer) => {
+                let answer = coalescer.add(source, op);
+                Either::Left(async move { answer.await.unwrap_or(Err(KafkaError::Canceled)) })
             }
-            _ => {
-                // One waiter: the plain delivery future, without the shared wrapper.
-                let sent = self.writer.send(marker);
+            None => {
+                let marker = op.marker(source.clone());
+                let sent = self.writer.send(&marker);
                 if matches!(marker, Marker::End { .. }) {
                     crate::failpoint::hit("after-end-sent");
                 }
-                async move { durable(sent?).await }.boxed()
+                Either::Right(async move { durable(sent?).await })
             }
         }
     }
 
-    /// Writes a marker (in version 2, the settlement it stands for) and waits until it is
-    /// durable.
-    pub(crate) async fn write(
+    /// Writes the settlement `op` of `source` and waits until it is durable.
+    pub(crate) async fn settle(
         &self,
-        marker: &Marker,
+        source: &SourceRef,
+        op: Op,
         name: &'static str,
     ) -> Result<(), ClientError> {
-        self.queue(marker)
+        self.queue(source, op)
             .await
             .map_err(|error| ClientError::Marker {
                 marker: name,
-                record: marker
-                    .source()
-                    .cloned()
-                    .unwrap_or_else(|| SourceRef::new("", 0, 0)),
+                record: source.clone(),
                 error,
             })
     }
 
-    /// Writes a marker without waiting, logging a failure. Used where nobody can wait (a
+    /// Writes a settlement without waiting, logging a failure. Used where nobody can wait (a
     /// handle dropped unsettled); if it fails, the delivery still times out and is redelivered.
-    pub(crate) fn write_detached(&self, marker: Marker) {
-        let written = self.queue(&marker);
+    pub(crate) fn settle_detached(&self, source: &SourceRef, op: Op) {
+        let written = self.queue(source, op);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let source = source.clone();
             rt.spawn(async move {
                 if let Err(e) = written.await {
-                    tracing::warn!(error = %e, ?marker, "release marker failed; the delivery will time out instead");
+                    tracing::warn!(error = %e, %source, "release marker failed; the delivery will time out instead");
                 }
             });
         }
@@ -199,7 +191,10 @@ impl Settler {
 
     pub(crate) fn settled(&self) {
         self.unsettled.fetch_sub(1, Ordering::AcqRel);
-        self.room.1.notify_one();
+        // A notification is a system call, every time: only when the poll thread waits.
+        if self.room_waiting.load(Ordering::Acquire) {
+            self.room.1.notify_one();
+        }
     }
 
     /// Waits until a delivery settles or `limit` passes. The notification is not taken under
@@ -208,12 +203,14 @@ impl Settler {
         let Ok(guard) = self.room.0.lock() else {
             return;
         };
+        self.room_waiting.store(true, Ordering::Release);
         let _ = self.room.1.wait_timeout(guard, limit);
+        self.room_waiting.store(false, Ordering::Release);
     }
 }
 
 /// A delivery report as "durable or why not".
-async fn durable(sent: DeliveryFuture) -> Result<(), KafkaError> {
+pub(crate) async fn durable(sent: DeliveryFuture) -> Result<(), KafkaError> {
     match sent.await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err((e, _))) => Err(e),
