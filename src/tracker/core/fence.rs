@@ -6,8 +6,9 @@
 //! while the new owner did the same work: a schedule published twice in a rolling restart.
 //! Each grant of a partition gets a new *generation*; jobs and parked deliveries carry the
 //! generation they were taken under and are dropped once it is no longer current. A
-//! revocation also waits for a pass already under way on that partition, so that by the time
-//! the partition is given up, nothing of this tracker acts for it any more.
+//! revocation also waits for a pass already under way on that partition, and for the Ends such
+//! a pass handed to the Ends thread, so that by the time the partition is given up, nothing of
+//! this tracker acts for it any more.
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -27,6 +28,9 @@ struct Inner {
     last_generation: u64,
     /// Partitions the worker's current pass acts for.
     busy: Vec<i32>,
+    /// Partitions with Ends handed to the Ends thread and not yet durable, and how many
+    /// passes' worth each.
+    ending: HashMap<i32, usize>,
 }
 
 impl Fence {
@@ -52,7 +56,9 @@ impl Fence {
         for p in partitions {
             inner.owned.remove(p);
         }
-        while inner.busy.iter().any(|b| partitions.contains(b)) {
+        while inner.busy.iter().any(|b| partitions.contains(b))
+            || partitions.iter().any(|p| inner.ending.contains_key(p))
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
@@ -90,6 +96,30 @@ impl Fence {
     /// The pass is over: a waiting revocation may go on.
     pub(crate) fn end_pass(&self) {
         self.lock().busy.clear();
+        self.idle.notify_all();
+    }
+
+    /// A pass handed Ends of `partitions` to the Ends thread: revocations of them wait for
+    /// [`Self::ends_done`] too.
+    pub(crate) fn ends_pending(&self, partitions: &[i32]) {
+        let mut inner = self.lock();
+        for p in partitions {
+            *inner.ending.entry(*p).or_default() += 1;
+        }
+    }
+
+    /// Those Ends are durable (or given up at a stop).
+    pub(crate) fn ends_done(&self, partitions: &[i32]) {
+        let mut inner = self.lock();
+        for p in partitions {
+            if let Some(n) = inner.ending.get_mut(p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    inner.ending.remove(p);
+                }
+            }
+        }
+        drop(inner);
         self.idle.notify_all();
     }
 }
@@ -140,5 +170,23 @@ mod tests {
             f.revoke(&[2], Duration::ZERO),
             "nothing runs for partition 2"
         );
+    }
+
+    #[test]
+    fn a_revocation_waits_for_the_ends_of_a_finished_pass() {
+        let f = Arc::new(Fence::default());
+        let g = f.grant(4);
+        assert_eq!(f.begin_pass(&[(4, g)]), [true]);
+        f.ends_pending(&[4]);
+        f.ends_pending(&[4]);
+        f.end_pass();
+        assert!(
+            !f.revoke(&[4], Duration::from_millis(20)),
+            "two passes' Ends are still being written"
+        );
+        f.ends_done(&[4]);
+        assert!(!f.revoke(&[4], Duration::ZERO), "one still is");
+        f.ends_done(&[4]);
+        assert!(f.revoke(&[4], Duration::ZERO));
     }
 }

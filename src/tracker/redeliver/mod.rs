@@ -7,6 +7,7 @@
 //! - `published_check`: after a takeover, whether the previous owner already published a
 //!   schedule.
 
+pub(crate) mod ender;
 pub(crate) mod outgoing;
 pub(crate) mod published_check;
 pub(crate) mod scheduled;

@@ -2,8 +2,9 @@
 //!
 //! It runs on its own thread so that slow reads and produces never hold up the markers
 //! consumer. For each job it reads the original records, produces the copies (to the source
-//! partition, or to a dead-letter topic), waits until they are durable, and only then writes the
-//! End markers that let the tracker forget them. A crash anywhere in between leaves the delivery
+//! partition, or to a dead-letter topic), waits until they are durable, and only then hands the
+//! End markers that let the tracker forget them to the Ends thread (`ender`), which writes them
+//! while the next pass runs. A crash anywhere in between leaves the delivery
 //! in flight in the markers log, so it is redelivered again after a restart: a duplicate at
 //! worst, never a loss.
 //!
@@ -37,6 +38,7 @@ use crate::tracker::core::copy::copy_headers;
 use crate::tracker::core::fence::Fence;
 use crate::tracker::core::state::{Cause, Expiry};
 use crate::tracker::metrics::Metrics;
+use crate::tracker::redeliver::ender::Ender;
 use crate::tracker::redeliver::outgoing::{end_marker, Outgoing, Sender};
 use crate::tracker::redeliver::published_check::already_published;
 use crate::tracker::redeliver::scheduled::unpack;
@@ -101,6 +103,9 @@ pub struct Redeliverer {
     parked: Vec<Parked>,
     /// How often each parked delivery has been refused, for its back-off.
     refusals: HashMap<SourceRef, u32>,
+    /// Writes the Ends, so the next pass need not wait for them. Declared last: dropped after
+    /// the rest, it waits for the Ends still queued.
+    ender: Ender,
 }
 
 const IDLE_WAKE: Duration = Duration::from_secs(1);
@@ -117,8 +122,16 @@ impl Redeliverer {
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
     ) -> Result<Self, crate::tracker::TrackerError> {
+        let ender = Ender::start(
+            producer.clone(),
+            metrics.clone(),
+            stop.clone(),
+            fence.clone(),
+        )
+        .map_err(|e| crate::tracker::TrackerError::Thread(format!("the Ends thread: {e}")))?;
         Ok(Redeliverer {
             reader: SourceReader::new(&config, &metrics)?,
+            ender,
             config,
             producer,
             metrics,
@@ -243,8 +256,14 @@ impl Redeliverer {
 
     fn pass(&mut self, jobs: Vec<Job>, fence: &Fence) {
         let oldest_job = jobs.iter().map(|j| j.taken_at).min();
+        let taken_late_ms = jobs
+            .iter()
+            .filter(|j| j.taken_at_ms > 0)
+            .flat_map(|j| j.expiries.iter().map(|e| j.taken_at_ms - e.deadline_ms))
+            .max()
+            .unwrap_or(0);
         let (origins, expiries) = gather(jobs);
-        let pass = PassTiming::start(oldest_job, expiries.len());
+        let pass = PassTiming::start(oldest_job, expiries.len(), taken_late_ms);
         let mut pending = self.read_sources(expiries);
         let read = pass.started.elapsed();
         if self.stopping() {
@@ -311,11 +330,15 @@ impl Redeliverer {
         for p in &done {
             self.copied(p, origins.get(&p.expiry.source));
         }
+        let mut partitions = Vec::new();
         let ends: Vec<_> = published
             .iter()
             .chain(&done)
             .filter_map(|p| {
                 let o = origins.get(&p.expiry.source)?;
+                if !partitions.contains(&o.markers_partition) {
+                    partitions.push(o.markers_partition);
+                }
                 Some(end_marker(
                     &self.config.markers_topic,
                     o.markers_partition,
@@ -323,7 +346,8 @@ impl Redeliverer {
                 ))
             })
             .collect();
-        self.sender().send_all(&ends);
+        // Every copy here is durable: its End may go. The next pass does not wait for it.
+        self.ender.write(partitions, ends);
     }
 
     /// A copy of `p` is durable: how late it was, and its count.
@@ -674,28 +698,34 @@ fn home_topic(p: &Pending) -> &str {
         .map_or(p.expiry.source.topic.as_str(), |m| m.topic())
 }
 
-/// Where a redelivery pass spent its time, logged at debug level: how long its oldest job
-/// waited in the queue, then reading the sources, producing the copies, and writing the Ends.
+/// Where a redelivery pass spent its time, logged at debug level: how late after its deadline
+/// the latest expiry was taken, how long its oldest job waited in the queue, then reading the sources, producing the copies, and handing the Ends
+/// to the Ends thread (`ends_ms`: only a wait if that thread is behind).
 struct PassTiming {
     started: Instant,
     expiries: usize,
     queued_for: Duration,
+    /// How long after its deadline (partition time) the latest-taken expiry was taken from the
+    /// deadline heap: the markers consumer's share of the lag.
+    taken_late_ms: i64,
 }
 
 impl PassTiming {
     /// `oldest_job`: when the first of the merged jobs was taken from the deadline heap.
-    fn start(oldest_job: Option<Instant>, expiries: usize) -> Self {
+    fn start(oldest_job: Option<Instant>, expiries: usize, taken_late_ms: i64) -> Self {
         let queued_for = oldest_job.map(|t| t.elapsed()).unwrap_or_default();
         PassTiming {
             started: Instant::now(),
             expiries,
             queued_for,
+            taken_late_ms,
         }
     }
 
     fn log(&self, read: Duration, copied: Duration) {
         tracing::debug!(
             expiries = self.expiries,
+            taken_late_ms = self.taken_late_ms,
             queued_ms = self.queued_for.as_secs_f64() * 1e3,
             read_ms = read.as_secs_f64() * 1e3,
             copies_ms = (copied - read).as_secs_f64() * 1e3,
