@@ -25,6 +25,7 @@ pub mod headers;
 mod kafka;
 mod log_limit;
 pub mod marker;
+mod resume;
 pub mod tracker;
 
 #[cfg(feature = "cli")]

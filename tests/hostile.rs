@@ -390,6 +390,13 @@ async fn a_far_future_marker_timestamp_does_not_make_deliveries_due() {
     create_topic(&t.dlq, 1, &[]).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     tracker.wait_ready().await;
+    // Its own Tick came back stamped by the writer, not the broker: said, and counted once.
+    tracker
+        .wait_metric(
+            "redelivery_problems_total{kind=\"markers_not_broker_stamped\"}",
+            1.0,
+        )
+        .await;
 
     let ahead = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

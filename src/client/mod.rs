@@ -27,6 +27,7 @@ mod broker_check;
 mod coalesce;
 mod concurrent;
 mod config;
+mod context;
 mod delivery;
 mod error;
 mod poller;
@@ -55,6 +56,7 @@ pub use scheduler::{CancelOutcome, ScheduleId, Scheduler, SchedulerConfig};
 pub use crate::marker::ScheduledRecord;
 
 use coalesce::Coalescer;
+use context::PollContext;
 use poller::Poller;
 use settler::{MarkerWriter, Settler};
 
@@ -110,7 +112,7 @@ impl RedeliveryConsumer {
     }
 
     fn connect(config: ConsumerConfig, runtime: Handle) -> Result<Self, ClientError> {
-        let consumer: BaseConsumer = config
+        let consumer: BaseConsumer<PollContext> = config
             .client_config(&[
                 ("group.id", &config.group_id),
                 ("enable.auto.commit", "false"),
@@ -118,7 +120,7 @@ impl RedeliveryConsumer {
                 ("auto.offset.reset", "earliest"),
                 crate::kafka::FETCH_PACING,
             ])
-            .create()
+            .create_with_context(PollContext::default())
             .map_err(kafka("creating the consumer"))?;
         let partitions = markers_partitions(&consumer, &config.markers_topic)?;
         broker_check::check(&config)?;
@@ -148,6 +150,7 @@ impl RedeliveryConsumer {
             out: tx,
             stop: stop.clone(),
             held: Default::default(),
+            resuming: Default::default(),
         };
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {

@@ -42,7 +42,10 @@ use crate::marker::{
     duration_to_ms_u32, Marker, Offsets, SourceRef, StartBatch, MAX_BATCH_RECORDS,
 };
 
+use crate::resume::{ResumeCheck, Verdict};
+
 use super::config::{ConsumerConfig, MarkerFormat};
+use super::context::PollContext;
 use super::delivery::Delivery;
 use super::retry::RetryPolicy;
 use super::settler::Settler;
@@ -60,7 +63,7 @@ struct Polled {
 }
 
 pub(crate) struct Poller {
-    pub(crate) consumer: BaseConsumer,
+    pub(crate) consumer: BaseConsumer<PollContext>,
     pub(crate) settler: Arc<Settler>,
     pub(crate) config: ConsumerConfig,
     /// Handed-out batches, in the order polled.
@@ -71,6 +74,9 @@ pub(crate) struct Poller {
     /// Partitions whose seek back to a failed Start failed too: from that offset on, nothing
     /// of them is handed out or committed until a seek succeeds.
     pub(crate) held: RefCell<BTreeMap<(String, i32), i64>>,
+    /// Partitions assigned or sought whose first record is not checked yet: where they
+    /// resume is checked ([`crate::resume`]). Empty but for a moment after a rebalance.
+    pub(crate) resuming: RefCell<Vec<(String, i32, ResumeCheck)>>,
 }
 
 /// Batches whose Starts are on their way, at most this many at once: while the oldest waits
@@ -204,6 +210,12 @@ impl Poller {
             self.consumer.resume(&assignment)
         };
         match result {
+            Ok(()) if !pause => {
+                // A paused partition's prefetched records are dropped; resumed, it fetches
+                // again from its position, which may lie inside a record batch.
+                self.check_resumes_at_positions();
+                false
+            }
             Ok(()) => pause,
             Err(e) => {
                 tracing::warn!(error = %e, pause, "could not pause/resume fetching");
@@ -216,8 +228,11 @@ impl Poller {
         let mut batch = Vec::new();
         let mut timeout = wait;
         while batch.len() < limit {
-            match self.consumer.poll(timeout) {
+            let polled = self.consumer.poll(timeout);
+            self.note_rebalance();
+            match polled {
                 None => break,
+                Some(Ok(m)) if self.resume_skips(&m) => {}
                 Some(Ok(m)) => batch.push(self.polled(&m)),
                 Some(Err(e)) => {
                     self.settler.consumer_error(&e);
@@ -227,6 +242,71 @@ impl Poller {
             timeout = Duration::ZERO;
         }
         batch
+    }
+
+    /// Takes the partitions a rebalance assigned (their resume is to be checked) and let go.
+    fn note_rebalance(&self) {
+        let changes = self.consumer.context().take();
+        if changes.assigned.is_empty() && changes.revoked.is_empty() {
+            return;
+        }
+        let mut resuming = self.resuming.borrow_mut();
+        resuming.retain(|(t, p, _)| {
+            !changes
+                .revoked
+                .iter()
+                .chain(&changes.assigned)
+                .any(|(rt, rp)| rt == t && rp == p)
+        });
+        for (topic, partition) in changes.assigned {
+            resuming.push((topic, partition, ResumeCheck::committed()));
+        }
+    }
+
+    /// Whether `m` is to be dropped while its partition's resume is checked (it comes before
+    /// the resume offset, or the consumer was sent back and it will come again in order).
+    fn resume_skips(&self, m: &BorrowedMessage<'_>) -> bool {
+        let mut resuming = self.resuming.borrow_mut();
+        if resuming.is_empty() {
+            return false;
+        }
+        let (topic, partition) = (m.topic(), m.partition());
+        let Some(i) = resuming
+            .iter()
+            .position(|(t, p, _)| *p == partition && t == topic)
+        else {
+            return false;
+        };
+        match resuming[i]
+            .2
+            .check(&self.consumer, topic, partition, m.offset())
+        {
+            Verdict::Skip => true,
+            Verdict::Keep => {
+                resuming.swap_remove(i);
+                false
+            }
+        }
+    }
+
+    /// After a resume of fetching, each partition's next record is checked against its
+    /// position (see [`crate::resume`]).
+    fn check_resumes_at_positions(&self) {
+        let Ok(positions) = self.consumer.position() else {
+            return;
+        };
+        for e in positions.elements() {
+            if let Offset::Offset(at) = e.offset() {
+                self.check_resume_at(e.topic(), e.partition(), at);
+            }
+        }
+    }
+
+    /// After a seek of our own, the partition's resume is checked like after an assignment.
+    fn check_resume_at(&self, topic: &str, partition: i32, offset: i64) {
+        let mut resuming = self.resuming.borrow_mut();
+        resuming.retain(|(t, p, _)| !(t == topic && *p == partition));
+        resuming.push((topic.to_string(), partition, ResumeCheck::at(offset)));
     }
 
     fn polled(&self, message: &BorrowedMessage<'_>) -> Polled {
@@ -355,7 +435,10 @@ impl Poller {
             )
         };
         match result {
-            Ok(()) => true,
+            Ok(()) => {
+                self.check_resume_at(topic, partition, offset);
+                true
+            }
             Err(e) => {
                 tracing::warn!(
                     error = %e,

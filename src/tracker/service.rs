@@ -269,7 +269,9 @@ fn snapshots_topic(producer: &FutureProducer, config: &TrackerConfig) -> Option<
         (t.error().is_none() && !t.partitions().is_empty()).then_some(t.partitions().len())
     };
     match (partitions(&topic), partitions(&config.markers_topic)) {
-        (Some(have), Some(need)) if have >= need => Some(topic),
+        (Some(have), Some(need)) if have >= need => {
+            crate::tracker::snapshot::metadata_check::metadata_kept(config).then_some(topic)
+        }
         (have, need) => {
             tracing::warn!(
                 snapshots_topic = %topic,

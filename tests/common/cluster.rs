@@ -159,10 +159,15 @@ impl Cluster {
         let markers = format!("{source}.markers");
         let dlq = format!("{source}.dlq");
         self.create_topic(&source, source_partitions, &[]).await;
+        // As `topics create` makes it; retention.ms explicit (Apache Kafka's default), since
+        // Tansu reports no default the scheduler could check a delay against.
         self.create_topic(
             &markers,
             markers_partitions,
-            &[("message.timestamp.type", "LogAppendTime")],
+            &[
+                ("message.timestamp.type", "LogAppendTime"),
+                ("retention.ms", "604800000"),
+            ],
         )
         .await;
         self.create_topic(&dlq, 1, &[]).await;

@@ -22,6 +22,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::marker::{decode, encode, Marker};
 
+use crate::resume::{ResumeCheck, Verdict};
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::fence::Fence;
 use crate::tracker::inspect::{SharedView, TrackerView};
@@ -357,6 +358,20 @@ impl MarkersLoop {
             drop(owned);
             return self.rewind(id, offset);
         }
+        if let Some(check) = p.resume.as_mut() {
+            let topic = &self.config.markers_topic;
+            match check.check(&self.consumer, topic, m.partition(), m.offset()) {
+                Verdict::Skip => return,
+                Verdict::Keep => p.resume = None,
+            }
+        }
+        if !p.stamp_checked {
+            p.stamp_checked = true;
+            if matches!(m.timestamp(), rdkafka::Timestamp::CreateTime(_)) {
+                self.metrics
+                    .emit(Problem::MarkersNotBrokerStamped { partition: p.id });
+            }
+        }
         let ts = p.observe(
             m.offset(),
             m.timestamp().to_millis(),
@@ -413,6 +428,8 @@ impl MarkersLoop {
                 error: &e,
             });
             self.stop.store(true, Ordering::Relaxed);
+        } else if let Some(p) = self.consumer.context().lock().partitions.get_mut(&id) {
+            p.resume = Some(ResumeCheck::at(offset));
         }
     }
 

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::marker::{Marker, SourceRef};
+use crate::resume::ResumeCheck;
 use crate::tracker::metrics::intake::{
     BatchedRecords, ClockMoved, ClockOutlier, MarkerRead, OddMarker, ScheduleTracked,
 };
@@ -76,6 +77,10 @@ pub struct OwnedPartition {
     /// The broker timestamp of the last record read, as it came, and when it was read: the
     /// catch-up Tick sets the clock to it.
     last_read: Option<(i64, Instant)>,
+    /// Whether the first marker read since assignment was checked for a broker timestamp.
+    pub stamp_checked: bool,
+    /// Where it resumed, until its first marker is checked ([`crate::resume`]).
+    pub resume: Option<ResumeCheck>,
 }
 
 /// Where a partition's snapshots stand (see ARCHITECTURE.md, "Bounded replay").
@@ -115,6 +120,8 @@ impl OwnedPartition {
             snapshots: SnapshotProgress::default(),
             restore: Restore::Done,
             last_read: None,
+            stamp_checked: false,
+            resume: Some(ResumeCheck::committed()),
         }
     }
 

@@ -47,11 +47,15 @@ pub(crate) enum Problem<'a> {
         error: &'a KafkaError,
         reason: &'a str,
     },
+    /// Markers read from this partition carry the writer's timestamp (`CreateTime`), not the
+    /// broker's: the topic allows it (`--allow-create-time`), or the broker ignores
+    /// `LogAppendTime` (Tansu 0.6 does). Said once per partition and assignment.
+    MarkersNotBrokerStamped { partition: i32 },
 }
 
 impl Problem<'_> {
     /// Every `kind` label, initialised at 0 so alerts see a series before the first problem.
-    pub(crate) const KINDS: [&'static str; 11] = [
+    pub(crate) const KINDS: [&'static str; 12] = [
         "pass_outlived_revocation",
         "pause_failed",
         "resume_failed",
@@ -63,6 +67,7 @@ impl Problem<'_> {
         "published_check_failed",
         "snapshot_entries_skipped",
         "source_reader_error",
+        "markers_not_broker_stamped",
     ];
 
     /// The `kind` label.
@@ -79,6 +84,7 @@ impl Problem<'_> {
             Problem::PublishedCheckFailed { .. } => "published_check_failed",
             Problem::SnapshotEntriesSkipped { .. } => "snapshot_entries_skipped",
             Problem::SourceReaderError { .. } => "source_reader_error",
+            Problem::MarkersNotBrokerStamped { .. } => "markers_not_broker_stamped",
         }
     }
 
@@ -132,6 +138,12 @@ impl Problem<'_> {
             Problem::SourceReaderError { error, reason } => {
                 tracing::warn!(%error, reason, held_back, "source reader error")
             }
+            Problem::MarkersNotBrokerStamped { partition } => tracing::warn!(
+                partition,
+                "markers carry the writers' timestamps (CreateTime), not the broker's, although \
+                 the topic may say LogAppendTime: deadlines follow the clocks of the hosts that \
+                 write markers, so keep those in sync"
+            ),
         }
     }
 

@@ -42,6 +42,7 @@ fn every_problem_counts_under_its_own_kind() {
             partition: 0,
             skipped: 2,
         },
+        Problem::MarkersNotBrokerStamped { partition: 3 },
     ];
     let kinds: Vec<_> = problems.iter().map(Problem::kind).collect();
     for p in problems {

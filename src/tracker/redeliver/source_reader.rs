@@ -4,6 +4,15 @@
 //! its offset. The reader checks the offset it got: a record that compaction or retention
 //! removed comes back as [`ReadOutcome::Gone`], which takes the dead-letter path. Errors that
 //! may pass (broker away, leader moving) are returned as `Err` and retried by the caller.
+//!
+//! **Looking back.** Apache Kafka answers a fetch at an offset inside a record batch with that
+//! whole batch, and the client skips to the offset. Tansu 0.6 answers with the *next* batch (or
+//! nothing, at the end of the log): the records of the batch from the offset on are skipped over
+//! although they exist (README, "Tested brokers"). So before the reader calls a skipped-over
+//! offset gone, or gives up on an offset nothing came back for, it reads again from further back
+//! ([`SourceReader::look_back`]); only a fetch that starts at or before the offset and still
+//! passes it proves the record gone. On Apache Kafka that costs one more read, and only for
+//! records that really are gone.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -98,6 +107,29 @@ pub(crate) fn reader_consumer(
 /// through the records between them.
 const MAX_SCAN_GAP: i64 = 256;
 
+/// How far back [`SourceReader::look_back`] goes at most: far beyond any record batch a
+/// producer writes (librdkafka's default `batch.num.messages` is 10,000).
+const MAX_LOOK_BACK: i64 = 65_536;
+
+/// How long a read waits for an answer before it is given up (and retried by the worker, with
+/// a fresh consumer): a healthy broker answers in milliseconds. 10 s until 2026-12-01; a read
+/// that a broker never answers (Tansu, at the end of a partition) then held every pass for 20 s.
+const READ_WAIT: Duration = Duration::from_secs(2);
+
+/// The start of every "skipped over" reason ([`skipped_over`]): such an answer may come from a
+/// broker that skips the rest of a batch, so it is checked by looking back.
+const SKIPPED: &str = "skipped over: ";
+
+/// What one look-back read showed.
+enum Probe {
+    /// The record, or proof that it is gone.
+    Answer(ReadOutcome),
+    /// The first record came after `wanted` (at this offset): the read began inside a batch.
+    Overshot(i64),
+    /// Nothing came back.
+    Silent,
+}
+
 impl SourceReader {
     /// Creates the reader's consumer.
     pub fn new(config: &TrackerConfig, metrics: &Metrics) -> Result<Self, TrackerError> {
@@ -109,7 +141,7 @@ impl SourceReader {
         }
         Ok(SourceReader {
             consumer,
-            timeout: Duration::from_secs(10),
+            timeout: READ_WAIT,
             metrics: metrics.clone(),
         })
     }
@@ -156,15 +188,106 @@ impl SourceReader {
                     return (out, Some(e.into()));
                 }
             }
-            match self.next_at_or_after(topic, partition, wanted) {
+            // After a look-back the consumer reads on from there: the next wanted offset,
+            // likely in the same batch, is read through rather than fetched from inside it.
+            let read = match self.next_at_or_after(topic, partition, wanted) {
+                Ok((ReadOutcome::Gone(why), _)) if why.starts_with(SKIPPED) => {
+                    let (outcome, next) = self
+                        .look_back(topic, partition, wanted)
+                        .unwrap_or((ReadOutcome::Gone(why), None));
+                    position = next;
+                    Ok(outcome)
+                }
                 Ok((outcome, next)) => {
                     position = next;
-                    out.push((wanted, outcome));
+                    Ok(outcome)
                 }
+                Err(ReadError::Timeout(t)) => match self.look_back(topic, partition, wanted) {
+                    Some((outcome, next)) => {
+                        position = next;
+                        Ok(outcome)
+                    }
+                    None => Err(ReadError::Timeout(t)),
+                },
+                Err(e) => Err(e),
+            };
+            match read {
+                Ok(outcome) => out.push((wanted, outcome)),
                 Err(e) => return (out, Some(e)),
             }
         }
         (out, None)
+    }
+
+    /// Reads `wanted` again from further back, for brokers that answer a fetch inside a record
+    /// batch with the batch after it (see the module docs): from 1, 4, 16, ... offsets before
+    /// it, down to the partition's first offset, until a fetch starts at or before `wanted`.
+    /// `None` when no such fetch came back (the broker is away, say): the caller's own
+    /// answer stands. With the outcome comes the offset the consumer reads next, if known.
+    fn look_back(
+        &self,
+        topic: &str,
+        partition: i32,
+        wanted: i64,
+    ) -> Option<(ReadOutcome, Option<i64>)> {
+        let (low, _) = self
+            .consumer
+            .fetch_watermarks(topic, partition, READ_WAIT)
+            .ok()?;
+        let mut back: i64 = 1;
+        loop {
+            let from = wanted.saturating_sub(back).max(low);
+            self.assign(topic, partition, from).ok()?;
+            match self.probe(topic, partition, from, wanted) {
+                Probe::Answer(outcome) => {
+                    let next = matches!(outcome, ReadOutcome::Found(_)).then_some(wanted + 1);
+                    return Some((outcome, next));
+                }
+                // Started inside a batch again: further back, unless there is no further.
+                Probe::Overshot(first) if from <= low => {
+                    return Some((ReadOutcome::Gone(skipped_over(wanted, first)), None))
+                }
+                Probe::Overshot(_) | Probe::Silent if from > low && back < MAX_LOOK_BACK => {
+                    back = back.saturating_mul(4);
+                }
+                Probe::Overshot(_) | Probe::Silent => return None,
+            }
+        }
+    }
+
+    /// One read from `from` (assigned) towards `wanted`: what the first records say.
+    fn probe(&self, topic: &str, partition: i32, from: i64, wanted: i64) -> Probe {
+        let started = Instant::now();
+        // Whether a record at or before `wanted` came first: then passing it proves it gone.
+        let mut reached = false;
+        loop {
+            let left = READ_WAIT.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Probe::Silent;
+            }
+            match self.consumer.poll(left) {
+                None => {}
+                Some(Ok(m)) if m.topic() != topic || m.partition() != partition => {}
+                Some(Ok(m)) if m.offset() == wanted => {
+                    return Probe::Answer(ReadOutcome::Found(m.detach()))
+                }
+                Some(Ok(m)) if m.offset() < wanted => reached = true,
+                Some(Ok(m)) if reached || from == wanted => {
+                    return Probe::Answer(ReadOutcome::Gone(skipped_over(wanted, m.offset())))
+                }
+                Some(Ok(m)) => return Probe::Overshot(m.offset()),
+                Some(Err(KafkaError::PartitionEOF(_))) if reached => {
+                    return Probe::Answer(ReadOutcome::Gone(past_end(wanted)))
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => return Probe::Silent,
+                Some(Err(e)) => {
+                    return match gone_reason(&e, wanted) {
+                        Some(why) => Probe::Answer(ReadOutcome::Gone(why)),
+                        None => Probe::Silent,
+                    }
+                }
+            }
+        }
     }
 
     /// Reads `wanted` offsets (each list sorted) of several partitions of `topic` with one
@@ -341,8 +464,8 @@ impl<'a> Cursor<'a> {
         self.next >= self.offsets.len()
     }
 
-    /// Takes a fetched record: the wanted one, or proof that the wanted ones before it are
-    /// gone (compacted, deleted or aborted), or nothing (a record between wanted ones).
+    /// Takes a fetched record: the wanted one, or a sign that the wanted ones before it were
+    /// skipped over (left to the careful path), or nothing (a record between wanted ones).
     fn take(&mut self, m: &BorrowedMessage<'_>) {
         while let Some(&wanted) = self.offsets.get(self.next) {
             if m.offset() < wanted {
@@ -353,8 +476,8 @@ impl<'a> Cursor<'a> {
                 self.out.push((wanted, ReadOutcome::Found(m.detach())));
                 return;
             }
-            self.out
-                .push((wanted, ReadOutcome::Gone(skipped_over(wanted, m.offset()))));
+            // Skipped over: left out of the answer, so the careful path reads it again and
+            // looks back before calling it gone (see the module docs).
         }
     }
 
@@ -370,7 +493,7 @@ impl<'a> Cursor<'a> {
 /// Why `wanted` is gone when the partition holds `next` (greater) where it should be.
 fn skipped_over(wanted: i64, next: i64) -> String {
     format!(
-        "offset {wanted} no longer exists (compacted, deleted or aborted); the next record is at {next}"
+        "{SKIPPED}offset {wanted} no longer exists (compacted, deleted or aborted); the next record is at {next}"
     )
 }
 

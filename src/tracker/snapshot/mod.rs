@@ -8,6 +8,7 @@
 //! - `restorer`: the thread that reads a newly assigned partition's snapshot.
 
 pub mod format;
+pub(crate) mod metadata_check;
 pub(crate) mod policy;
 pub(crate) mod restorer;
 pub(crate) mod store;

@@ -1,0 +1,210 @@
+//! Resuming a partition at an offset inside a record batch, checked.
+//!
+//! A consumer that takes a partition resumes at its committed offset, and our commits land
+//! anywhere inside a producer's record batch. Apache Kafka answers a fetch at such an offset
+//! with the whole batch, and the client skips to the offset. Tansu 0.6 answers with the *next*
+//! batch: the rest of the batch at the committed offset is skipped without a word, by every
+//! client (README, "Tested brokers"). For the workers that would lose records that were never
+//! started; for the tracker's markers consumer, Starts it never applies.
+//!
+//! So the first record of a partition after it was taken (or sought) is checked against the
+//! offset it should have resumed at. On Apache Kafka it is that offset and the check ends there,
+//! at the cost of one look-up of the committed offset per assigned partition. If it lies past
+//! that offset, the consumer seeks 1, 4, 16, ... offsets further back and skips what comes
+//! before the resume offset, until a fetch starts at or before it: then the records from the
+//! resume offset on arrive in order. A gap that is real (compaction, transaction markers, a
+//! retention that removed the offset) shows as a fetch that starts before the resume offset and
+//! still passes it, and is accepted as it is.
+
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::{Offset, TopicPartitionList};
+
+/// How far back the check goes at most: far beyond any record batch a producer writes.
+const MAX_BACK: i64 = 65_536;
+
+/// How long the committed-offset look-up and a seek may take.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// What to do with a record the check has seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Hand it on; the check is over for this partition.
+    Keep,
+    /// Drop it: it comes before the resume offset, or the consumer was sent further back and
+    /// it will come again in order.
+    Skip,
+}
+
+/// The check of one partition, from its assignment (or a seek) to its first kept record.
+#[derive(Debug, Clone)]
+pub(crate) struct ResumeCheck {
+    /// The offset the partition should resume at; `None` until looked up (the committed one).
+    from: Option<i64>,
+    /// How far before `from` the next seek goes.
+    back: i64,
+    /// Whether a record before `from` came: then one after it proves a real gap.
+    reached: bool,
+    /// The offset of the last seek, once it reached the start of the partition.
+    at_start: bool,
+}
+
+impl ResumeCheck {
+    /// A partition just assigned: it resumes at its committed offset, looked up on its first
+    /// record.
+    pub(crate) fn committed() -> Self {
+        ResumeCheck {
+            from: None,
+            back: 1,
+            reached: false,
+            at_start: false,
+        }
+    }
+
+    /// A partition the consumer was sent to `offset` in.
+    pub(crate) fn at(offset: i64) -> Self {
+        ResumeCheck {
+            from: Some(offset),
+            ..Self::committed()
+        }
+    }
+
+    /// Checks a record of `topic`/`partition` at `offset`. `Keep` ends the check.
+    pub(crate) fn check<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Verdict {
+        let from = match self.from {
+            Some(from) => from,
+            None => match committed(consumer, topic, partition) {
+                Some(from) => *self.from.insert(from),
+                // Nothing committed: it starts where `auto.offset.reset` says, at a batch.
+                None => return Verdict::Keep,
+            },
+        };
+        let step = self.step(offset, from);
+        if let Step::Seek(to) = step {
+            let sought = consumer.seek(topic, partition, Offset::Offset(to), WAIT);
+            if let Err(error) = sought {
+                tracing::warn!(
+                    topic, partition, from, offset, %error,
+                    "could not seek back to the resume offset; records from it up to this one \
+                     may be skipped (a broker that answers a fetch inside a batch with a later one)"
+                );
+                return Verdict::Keep;
+            }
+            tracing::debug!(
+                topic,
+                partition,
+                from,
+                offset,
+                to,
+                "resumed past its offset; seeking back"
+            );
+            return Verdict::Skip;
+        }
+        match step {
+            Step::Keep => Verdict::Keep,
+            _ => Verdict::Skip,
+        }
+    }
+
+    /// The decision, apart from the I/O.
+    fn step(&mut self, offset: i64, from: i64) -> Step {
+        if offset == from || (offset > from && (self.reached || self.at_start)) {
+            return Step::Keep;
+        }
+        if offset < from {
+            self.reached = true;
+            return Step::Skip;
+        }
+        if self.back > MAX_BACK {
+            tracing::warn!(
+                from,
+                offset,
+                "no fetch started at or before the resume offset within {MAX_BACK} offsets; \
+                 going on from {offset}"
+            );
+            return Step::Keep;
+        }
+        let to = from.saturating_sub(self.back).max(0);
+        self.at_start = to == 0;
+        self.back = self.back.saturating_mul(4);
+        Step::Seek(to)
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Keep,
+    Skip,
+    Seek(i64),
+}
+
+/// The committed offset of one partition for the consumer's group, if there is one.
+fn committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &str,
+    partition: i32,
+) -> Option<i64> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    match consumer.committed_offsets(tpl, WAIT) {
+        Ok(tpl) => match tpl.find_partition(topic, partition)?.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
+        },
+        Err(error) => {
+            tracing::debug!(topic, partition, %error, "committed offset look-up failed; not checking the resume");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resuming_where_it_should_ends_the_check_at_once() {
+        let mut c = ResumeCheck::at(10);
+        assert_eq!(c.step(10, 10), Step::Keep);
+    }
+
+    /// Tansu: the batch holding 10 starts at 6, and a fetch at 10 or 9 answers with the next
+    /// batch (at 20); a fetch at 6 gives 6..9 (skipped) and then 10.
+    #[test]
+    fn a_broker_that_skips_the_batch_is_sent_further_back_until_it_answers_in_order() {
+        let mut c = ResumeCheck::at(10);
+        assert_eq!(c.step(20, 10), Step::Seek(9));
+        assert_eq!(c.step(20, 10), Step::Seek(6));
+        for skipped in 6..10 {
+            assert_eq!(c.step(skipped, 10), Step::Skip);
+        }
+        assert_eq!(c.step(10, 10), Step::Keep);
+    }
+
+    #[test]
+    fn a_real_gap_is_accepted_once_a_fetch_started_before_it() {
+        let mut c = ResumeCheck::at(10);
+        assert_eq!(c.step(12, 10), Step::Seek(9));
+        assert_eq!(c.step(9, 10), Step::Skip);
+        assert_eq!(
+            c.step(12, 10),
+            Step::Keep,
+            "10 and 11 are gone (compacted, say)"
+        );
+    }
+
+    #[test]
+    fn at_the_start_of_the_partition_there_is_no_further_back() {
+        let mut c = ResumeCheck::at(2);
+        assert_eq!(c.step(5, 2), Step::Seek(1));
+        assert_eq!(c.step(5, 2), Step::Seek(0));
+        assert_eq!(c.step(5, 2), Step::Keep, "nothing at or before 2 is left");
+    }
+}
