@@ -145,6 +145,32 @@ enum Step {
     Seek(i64),
 }
 
+/// The committed offsets of `partitions` for the consumer's group, in one request: those that
+/// have one. Empty if the look-up failed (then nothing is checked, as before the check).
+pub(crate) fn committed_many<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &[(String, i32)],
+) -> Vec<(String, i32, i64)> {
+    let mut tpl = TopicPartitionList::new();
+    for (topic, partition) in partitions {
+        tpl.add_partition(topic, *partition);
+    }
+    match consumer.committed_offsets(tpl, WAIT) {
+        Ok(tpl) => tpl
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((e.topic().to_string(), e.partition(), o)),
+                _ => None,
+            })
+            .collect(),
+        Err(error) => {
+            tracing::debug!(%error, "committed offsets look-up failed; not checking the resume");
+            Vec::new()
+        }
+    }
+}
+
 /// The committed offset of one partition for the consumer's group, if there is one.
 fn committed<C: ConsumerContext>(
     consumer: &BaseConsumer<C>,

@@ -42,7 +42,7 @@ use crate::marker::{
     duration_to_ms_u32, Marker, Offsets, SourceRef, StartBatch, MAX_BATCH_RECORDS,
 };
 
-use crate::resume::{ResumeCheck, Verdict};
+use crate::resume::{committed_many, ResumeCheck, Verdict};
 
 use super::config::{ConsumerConfig, MarkerFormat};
 use super::context::PollContext;
@@ -258,8 +258,10 @@ impl Poller {
                 .chain(&changes.assigned)
                 .any(|(rt, rp)| rt == t && rp == p)
         });
-        for (topic, partition) in changes.assigned {
-            resuming.push((topic, partition, ResumeCheck::committed()));
+        // One look-up for all of them, here rather than on each one's first record. A
+        // partition with nothing committed starts where `auto.offset.reset` says: unchecked.
+        for (topic, partition, at) in committed_many(&self.consumer, &changes.assigned) {
+            resuming.push((topic, partition, ResumeCheck::at(at)));
         }
     }
 
