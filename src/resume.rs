@@ -9,7 +9,8 @@
 //!
 //! So the first record of a partition after it was taken (or sought) is checked against the
 //! offset it should have resumed at. On Apache Kafka it is that offset and the check ends there,
-//! at the cost of one look-up of the committed offset per assigned partition. If it lies past
+//! at the cost of looking up the committed offsets: one request per rebalance in the client,
+//! one per assigned partition in the tracker (which has a few). If it lies past
 //! that offset, the consumer seeks 1, 4, 16, ... offsets further back and skips what comes
 //! before the resume offset, until a fetch starts at or before it: then the records from the
 //! resume offset on arrive in order. A gap that is real (compaction, transaction markers, a
@@ -46,7 +47,7 @@ pub(crate) struct ResumeCheck {
     back: i64,
     /// Whether a record before `from` came: then one after it proves a real gap.
     reached: bool,
-    /// The offset of the last seek, once it reached the start of the partition.
+    /// Whether the last seek went to offset 0: there is no further back.
     at_start: bool,
 }
 

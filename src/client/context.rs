@@ -26,7 +26,8 @@ pub(crate) struct Changes {
 impl PollContext {
     /// The changes since the last call; empty (and no lock taken) when there were none.
     pub(crate) fn take(&self) -> Changes {
-        if !self.changed.swap(false, Ordering::AcqRel) {
+        // Called after every poll: a plain load, the swap only when something changed.
+        if !self.changed.load(Ordering::Acquire) || !self.changed.swap(false, Ordering::AcqRel) {
             return Changes::default();
         }
         let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());

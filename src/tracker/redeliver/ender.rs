@@ -107,15 +107,18 @@ fn write_loop(
         stop,
     };
     while let Ok(first) = passes.recv() {
-        let mut batch = vec![first];
-        batch.extend(passes.try_iter().take(QUEUED_PASSES));
-        let records: Vec<Outgoing> = batch.iter().flat_map(|e| e.records.clone()).collect();
+        let mut partitions = vec![first.partitions];
+        let mut records = first.records;
+        for more in passes.try_iter().take(QUEUED_PASSES) {
+            partitions.push(more.partitions);
+            records.extend(more.records);
+        }
         // `None`: stopping with some unwritten; those deliveries stay in flight for the next
         // owner, a duplicate at worst. Refused for good cannot happen to an End in practice;
         // it is counted by the sender like any refusal.
         let _ = sender.send_all(&records);
-        for e in batch {
-            fence.ends_done(&e.partitions);
+        for p in partitions {
+            fence.ends_done(&p);
         }
     }
 }
