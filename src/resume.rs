@@ -16,8 +16,15 @@
 //! resume offset on arrive in order. A gap that is real (compaction, transaction markers, a
 //! retention that removed the offset) shows as a fetch that starts before the resume offset and
 //! still passes it, and is accepted as it is.
+//!
+//! Such a broker answers a fetch inside the *last* batch of a partition with nothing at all,
+//! so a check that sees no record for [`STALL`] sends the consumer back a step anyway
+//! ([`ResumeCheck::stalled`]): on Apache Kafka at the end of a partition that re-reads the one
+//! record before the resume offset and ends the wait; on Tansu it reaches the batch's start.
+//! (The end offset cannot tell: Tansu answers a ListOffsets for the end with one past its last
+//! batch's first offset.)
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};
@@ -27,6 +34,9 @@ const MAX_BACK: i64 = 65_536;
 
 /// How long the committed-offset look-up and a seek may take.
 const WAIT: Duration = Duration::from_secs(5);
+
+/// How long a check waits for a record before it sends the consumer back a step unasked.
+pub(crate) const STALL: Duration = Duration::from_millis(500);
 
 /// What to do with a record the check has seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +59,8 @@ pub(crate) struct ResumeCheck {
     reached: bool,
     /// Whether the last seek went to offset 0: there is no further back.
     at_start: bool,
+    /// When the check began, last sent the consumer back, or last saw a record.
+    since: Instant,
 }
 
 impl ResumeCheck {
@@ -60,6 +72,7 @@ impl ResumeCheck {
             back: 1,
             reached: false,
             at_start: false,
+            since: Instant::now(),
         }
     }
 
@@ -114,8 +127,60 @@ impl ResumeCheck {
         }
     }
 
+    /// Sends the consumer back a step if no record came for [`STALL`] and no fetch has
+    /// started at or before the resume offset yet; false if the seek failed (the check is
+    /// then over: nothing more can be done than before it).
+    pub(crate) fn stalled<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partition: i32,
+    ) -> bool {
+        let Some(from) = self.from else {
+            return true;
+        };
+        if self.since.elapsed() < STALL {
+            return true;
+        }
+        let Step::Seek(to) = self.stalled_step(from) else {
+            return true;
+        };
+        match consumer.seek(topic, partition, Offset::Offset(to), WAIT) {
+            Ok(()) => {
+                tracing::debug!(
+                    topic,
+                    partition,
+                    from,
+                    to,
+                    "no record since the resume; seeking back"
+                );
+                true
+            }
+            Err(error) => {
+                tracing::warn!(
+                    topic, partition, from, %error,
+                    "could not seek back to the resume offset; records from it up to the next \
+                     batch may be skipped (a broker that answers a fetch inside a batch with a \
+                     later one)"
+                );
+                false
+            }
+        }
+    }
+
+    /// The decision when nothing came for a while: a step back, as for a record past the
+    /// resume offset, unless a fetch already started at or before it (then: wait).
+    fn stalled_step(&mut self, from: i64) -> Step {
+        self.since = Instant::now();
+        if self.reached || self.at_start || self.back > MAX_BACK {
+            return Step::Skip;
+        }
+        self.step(from.saturating_add(1), from)
+    }
+
     /// The decision, apart from the I/O.
     fn step(&mut self, offset: i64, from: i64) -> Step {
+        self.since = Instant::now();
         if offset == from || (offset > from && (self.reached || self.at_start)) {
             return Step::Keep;
         }
@@ -225,6 +290,32 @@ mod tests {
             Step::Keep,
             "10 and 11 are gone (compacted, say)"
         );
+    }
+
+    /// Tansu: the last batch holds 0..39 and a fetch inside it gets nothing; 4, 1 and 0 are
+    /// tried, and from 0 on the check waits for the fetch.
+    #[test]
+    fn a_check_that_gets_nothing_is_sent_back_until_a_fetch_starts_early_enough() {
+        let mut c = ResumeCheck::at(5);
+        assert_eq!(c.stalled_step(5), Step::Seek(4));
+        assert_eq!(c.stalled_step(5), Step::Seek(1));
+        assert_eq!(c.stalled_step(5), Step::Seek(0));
+        assert_eq!(c.stalled_step(5), Step::Skip);
+        for skipped in 0..5 {
+            assert_eq!(c.step(skipped, 5), Step::Skip);
+        }
+        assert_eq!(c.step(5, 5), Step::Keep);
+    }
+
+    /// Apache Kafka at the end of a partition: one step back re-reads the record before the
+    /// resume offset, and the check then only waits.
+    #[test]
+    fn at_the_end_of_a_partition_one_step_back_ends_the_wait() {
+        let mut c = ResumeCheck::at(40);
+        assert_eq!(c.stalled_step(40), Step::Seek(39));
+        assert_eq!(c.step(39, 40), Step::Skip);
+        assert_eq!(c.stalled_step(40), Step::Skip);
+        assert_eq!(c.step(40, 40), Step::Keep, "the next record produced");
     }
 
     #[test]

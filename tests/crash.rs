@@ -106,7 +106,7 @@ async fn killed_tracker_restarts_from_its_commit_and_redelivers_only_after_catch
     let source = unique("src-lat");
     create_topic(&source, 1, &[("message.timestamp.type", "LogAppendTime")]).await;
     let group = unique("tracker");
-    let (mut a, admin_a) = spawn_tracker(&t, &group, 5);
+    let (mut a, admin_a) = spawn_restartable_tracker(&t, &group, 5, &group);
     wait_ready_http(&admin_a).await;
 
     produce_many(&source, 1, "t", 40).await;
@@ -157,7 +157,7 @@ async fn killed_tracker_restarts_from_its_commit_and_redelivers_only_after_catch
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let b_started = now_ms();
-    let (mut b, admin_b) = spawn_tracker(&t, &group, 5);
+    let (mut b, admin_b) = spawn_restartable_tracker(&t, &group, 5, &group);
 
     let seen = ack_until(&mut c, &unacked, Duration::from_secs(120)).await;
     for k in &unacked {

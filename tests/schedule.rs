@@ -222,10 +222,15 @@ async fn ready_at(admin: &str) -> std::time::Instant {
 
 /// A tracker process in `group` with a 6 s session, so a killed replica's partitions move on
 /// quickly.
-fn tracker_process(t: &Topics, group: &str) -> (ChildGuard, AdminAddr) {
+/// A tracker process of `group`; `killed` when the test SIGKILLs it and starts it again
+/// ([`restartable`]: one stable member id on Tansu).
+fn tracker_process(t: &Topics, group: &str, killed: bool) -> (ChildGuard, AdminAddr) {
     let (mut c, admin) = Cluster::shared().tracker_command(t, group, 5);
+    c.args(["-X", "session.timeout.ms=6000"]);
+    if killed {
+        restartable(&mut c, group);
+    }
     let child = c
-        .args(["-X", "session.timeout.ms=6000"])
         .stderr(std::process::Stdio::from(log_file(group)))
         .spawn()
         .unwrap();
@@ -237,7 +242,7 @@ async fn thousands_pending_through_a_tracker_sigkill_each_arrive_exactly_once() 
     const N: usize = 3000;
     let t = topics(4, 4).await;
     let group = unique("tracker");
-    let start_tracker = || tracker_process(&t, &group);
+    let start_tracker = || tracker_process(&t, &group, true);
     let (mut tracker, admin) = start_tracker();
     wait_ready_http(&admin).await;
     let s = scheduler(&t).await;
@@ -289,7 +294,11 @@ async fn thousands_pending_through_a_tracker_sigkill_each_arrive_exactly_once() 
 
     // None is late by more than the tracker's downtime plus a small bound. A record's due
     // time is at most `sent_at + delay` later than this lower bound, so lateness is overstated.
-    let bound = down + Duration::from_secs(5);
+    // On Tansu a read by offset inside a producer batch takes seconds (it answers such a
+    // fetch with the next batch, or nothing; `source_reader.rs` looks back), and the 3,000
+    // schedules sit in large batches: README "Tested brokers" gives the lateness measured.
+    let slack = Duration::from_secs(if on_tansu() { 30 } else { 5 });
+    let bound = down + slack;
     let (mut latest, mut early) = (0i64, 0);
     for m in &all {
         let delay: i64 = std::str::from_utf8(m.payload().unwrap())
@@ -318,8 +327,8 @@ async fn a_tracker_killed_between_publishing_and_its_end_does_not_publish_twice(
     let group = unique("tracker");
     let tracker = |failpoint: Option<&str>| {
         let (mut c, admin) = Cluster::shared().tracker_command(&t, &group, 5);
-        c.args(["-X", "session.timeout.ms=6000"])
-            .stderr(std::process::Stdio::from(log_file(&group)));
+        c.args(["-X", "session.timeout.ms=6000"]);
+        restartable(&mut c, &group).stderr(std::process::Stdio::from(log_file(&group)));
         if let Some(point) = failpoint {
             c.env("KR_FAILPOINT", point);
         }
@@ -366,7 +375,7 @@ async fn a_rolling_restart_of_two_replicas_publishes_each_schedule_once() {
     const N: usize = 600;
     let t = topics(4, 4).await;
     let group = unique("tracker");
-    let start_tracker = || tracker_process(&t, &group);
+    let start_tracker = || tracker_process(&t, &group, false);
     let (mut a, admin_a) = start_tracker();
     let (_b, admin_b) = start_tracker();
     wait_ready_http(&admin_a).await;

@@ -15,14 +15,14 @@ use rdkafka::message::Message;
 /// A tracker process; `snapshot_after` 0 turns its own snapshots off.
 fn tracker(t: &Topics, group: &str, snapshot_after: u64) -> (ChildGuard, AdminAddr) {
     let (mut c, admin) = Cluster::shared().tracker_command(t, group, 5);
-    let child = c
-        .args([
-            "--snapshot-after-markers",
-            &snapshot_after.to_string(),
-            "--snapshot-interval",
-            "1s",
-        ])
-        .args(["-X", "session.timeout.ms=6000"])
+    c.args([
+        "--snapshot-after-markers",
+        &snapshot_after.to_string(),
+        "--snapshot-interval",
+        "1s",
+    ])
+    .args(["-X", "session.timeout.ms=6000"]);
+    let child = restartable(&mut c, group)
         .stderr(Stdio::from(log_file(group)))
         .spawn()
         .unwrap();
@@ -40,8 +40,13 @@ fn view(admin: &str) -> TrackerView {
 /// Also: a tracker restarted with snapshots off still restores what the committed snapshot
 /// holds, and its commits keep naming it, so a third run with snapshots on holds it too (a
 /// tracker without snapshots used to replay from the committed offset and forget both items).
+///
+/// On Tansu, which drops offset-commit metadata, snapshots are off
+/// (`snapshot/metadata_check.rs`): the test then shows that commits stay at the oldest item in
+/// flight and every restart replays from there, forgetting nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
+    let tansu = on_tansu();
     let t = topics(1, 1).await;
     create_topic(
         &format!("{}.snapshots", t.markers),
@@ -57,7 +62,8 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
     let s = Scheduler::new(SchedulerConfig::new(brokers(), &t.markers))
         .await
         .unwrap();
-    let due_in = Duration::from_secs(45);
+    // Tansu writes the 300 acks below far slower: the items must still be pending after them.
+    let due_in = Duration::from_secs(if tansu { 150 } else { 45 });
     let scheduled_at = Instant::now();
     let id = s
         .send_after(
@@ -90,9 +96,27 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let committed = view(&admin).partitions[0].committed_offset.unwrap_or(0);
-        if metric_sum(&metrics(&admin), "redelivery_snapshots_total") >= 1.0
-            && committed > id.offset + 310
-        {
+        let body = metrics(&admin);
+        let applied = |kind: &str| {
+            metric_value(
+                &body,
+                &format!("redelivery_markers_total{{type=\"{kind}\"}}"),
+            )
+        };
+        if tansu && applied("start") >= 301.0 && applied("end") >= 300.0 {
+            // Every End applied, and five commit intervals since: the commit stays at the
+            // schedule (a commit is made only when its offset moves).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let body = metrics(&admin);
+            assert_eq!(metric_sum(&body, "redelivery_snapshots_total"), 0.0);
+            let committed = view(&admin).partitions[0].committed_offset.unwrap_or(0);
+            assert!(
+                committed <= id.offset,
+                "committed {committed} past the schedule"
+            );
+            break;
+        }
+        if metric_sum(&body, "redelivery_snapshots_total") >= 1.0 && committed > id.offset + 310 {
             break;
         }
         assert!(
@@ -126,17 +150,22 @@ async fn a_restart_replays_only_what_came_after_the_last_snapshot() {
             &format!("redelivery_markers_total{{type=\"{kind}\"}}"),
         )
     };
-    assert_eq!(
-        replayed("schedule"),
-        0.0,
-        "the schedule was replayed, not restored"
-    );
-    assert!(
-        replayed("start") < 300.0 && replayed("end") < 300.0,
-        "replayed {} starts and {} ends of 300",
-        replayed("start"),
-        replayed("end")
-    );
+    if tansu {
+        assert_eq!(replayed("schedule"), 1.0, "replayed from the schedule on");
+        assert!(replayed("start") >= 300.0, "and every Start after it");
+    } else {
+        assert_eq!(
+            replayed("schedule"),
+            0.0,
+            "the schedule was replayed, not restored"
+        );
+        assert!(
+            replayed("start") < 300.0 && replayed("end") < 300.0,
+            "replayed {} starts and {} ends of 300",
+            replayed("start"),
+            replayed("end")
+        );
+    }
     let v = view(&admin);
     assert_eq!(
         v.partitions[0].scheduled, 1,

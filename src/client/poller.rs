@@ -177,6 +177,9 @@ impl Poller {
         };
         let batch = self.poll_batch(limit, wait);
         if batch.is_empty() {
+            if !paused {
+                self.check_stalled_resumes();
+            }
             return false;
         }
         pipeline.push_back(self.start(batch));
@@ -289,6 +292,16 @@ impl Poller {
                 false
             }
         }
+    }
+
+    /// Checks that saw no record for a while send their partition back a step (see
+    /// [`ResumeCheck::stalled`]): a broker may answer a fetch inside the last batch with
+    /// nothing.
+    fn check_stalled_resumes(&self) {
+        let mut resuming = self.resuming.borrow_mut();
+        resuming.retain_mut(|(topic, partition, check)| {
+            check.stalled(&self.consumer, topic, *partition)
+        });
     }
 
     /// After a resume of fetching, each partition's next record is checked against its

@@ -249,6 +249,43 @@ pub fn worker_command(t: &Topics, group: &str) -> Command {
     Cluster::shared().worker_command(t, group)
 }
 
+/// Whether the tests run against Tansu (`scripts/test-tansu` sets `KAFKA_FLAVOR=tansu`).
+pub fn on_tansu() -> bool {
+    std::env::var("KAFKA_FLAVOR").is_ok_and(|f| f == "tansu")
+}
+
+/// Gives a tracker that the test kills with SIGKILL and starts again one stable
+/// `group.instance.id` (static membership) on Tansu, and nothing elsewhere. Tansu does not
+/// always evict a killed member, and a replacement with a new id then waits for minutes
+/// (README "Tested brokers"); with the same id it takes the old place at once, which is what
+/// the README tells operators there to do. Tansu holds a static member back about 6 s
+/// before assigning it and expires it if its session timeout is not longer than that (a
+/// rebalance every session timeout, measured with 6 s; 20 s is stable), so the session
+/// timeout is raised too: call this after the command's other `-X` settings. On Apache Kafka
+/// the test runs as users run by default.
+pub fn restartable<'c>(c: &'c mut Command, member: &str) -> &'c mut Command {
+    if on_tansu() {
+        c.args(["-X", &format!("group.instance.id={member}")])
+            .args(["-X", "session.timeout.ms=20000"]);
+    }
+    c
+}
+
+/// [`spawn_tracker`], [`restartable`] as `member`.
+pub fn spawn_restartable_tracker(
+    t: &Topics,
+    group: &str,
+    max_deliveries: u32,
+    member: &str,
+) -> (ChildGuard, AdminAddr) {
+    let (mut c, admin) = Cluster::shared().tracker_command(t, group, max_deliveries);
+    let child = restartable(&mut c, member)
+        .stderr(std::process::Stdio::from(log_file(group)))
+        .spawn()
+        .expect("tracker binary started");
+    (ChildGuard(child), admin)
+}
+
 /// Starts the tracker binary with an admin port; returns the child and the admin address.
 pub fn spawn_tracker(t: &Topics, group: &str, max_deliveries: u32) -> (ChildGuard, AdminAddr) {
     Cluster::shared().spawn_tracker(t, group, max_deliveries)

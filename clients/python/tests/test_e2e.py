@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Producer
 from conftest import Topics, Tracker, binary, produce, read_all, unique
 
 from kafka_redelivery import Delivery, RedeliveryConsumer
@@ -60,6 +61,31 @@ def test_unsettled_records_come_back_from_the_rust_tracker(
         d.ack()
     assert c.poll(3.0) is None, "an acked record came back"
     c.close()
+
+
+def test_a_consumer_taking_over_inside_a_producer_batch_gets_the_rest_of_it(
+    topics: Topics,
+) -> None:
+    # One producer batch of 40 on one partition; the first consumer takes 5 (its commit then
+    # lies inside the batch) and leaves. Apache Kafka answers the second consumer's fetch at
+    # that offset with the whole batch; Tansu answers with the next one, or nothing at the end
+    # of the log, and without the resume check the 35 unstarted records were never delivered.
+    p = Producer({"bootstrap.servers": topics.brokers, "linger.ms": 100})
+    for i in range(40):
+        p.produce(topics.source, key=f"b-{i}".encode(), value=b"v", partition=0)
+    assert p.flush(30) == 0
+    group = unique("py-group")
+    first = RedeliveryConsumer(topics.brokers, group, [topics.source], topics.markers, max_batch=5)
+    taken = take(first, 5)
+    assert [d.offset for d in taken] == list(range(5))
+    first.ack_many(taken)
+    first.close()
+    second = consumer(topics, group)
+    rest = take(second, 35)
+    assert [d.offset for d in rest] == list(range(5, 40)), "the rest of the batch, in order"
+    second.ack_many(rest)
+    assert second.poll(1.0) is None
+    second.close()
 
 
 def test_ack_many_settles_a_batch_with_one_marker_per_partition(

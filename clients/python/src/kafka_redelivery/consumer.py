@@ -27,9 +27,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from . import headers as hdr
 from . import markers as m
+from .resume import ResumeCheck, Step
 from .retry import RetryPolicy
 
 log = logging.getLogger("kafka_redelivery")
+
+#: How long a committed-offset look-up or a position query may take.
+LOOKUP_WAIT_S = 5.0
 
 #: How long a marker write may take before it counts as failed: librdkafka's own delivery
 #: timeout (``delivery.timeout.ms``, 300 s by default) plus a margin.
@@ -223,7 +227,15 @@ class RedeliveryConsumer:
                 "create it with `redelivery-tracker topics create`"
             )
         self._writer = _MarkerWriter(producer, markers_topic, len(found.partitions))
-        self._consumer.subscribe(list(topics))
+        # Partitions whose first record is checked against the offset they should resume at
+        # (see the resume module): after an assignment, a seek of ours, a resume of fetching.
+        self._resuming: dict[tuple[str, int], ResumeCheck] = {}
+        self._consumer.subscribe(
+            list(topics),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_revoke,
+        )
         self._ready: deque[Delivery] = deque()
         self._lock = threading.Lock()
         self._unsettled = 0
@@ -257,6 +269,10 @@ class RedeliveryConsumer:
                     log.warning("consumer error: %s", msg.error())
                 else:
                     batch.append(msg)
+            if self._resuming:
+                batch = self._checked(batch)
+                if not self._paused:
+                    self._check_stalled()
             if batch:
                 self._start(batch)
         if not self._ready:
@@ -325,9 +341,117 @@ class RedeliveryConsumer:
                 self._consumer.pause(assignment)
             else:
                 self._consumer.resume(assignment)
+                self._check_resumes_at(self._consumer.position(assignment))
             self._paused = pause
         except KafkaException as e:
             log.warning("could not pause/resume fetching: %s", e)
+
+    def _on_assign(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """A rebalance gave us ``partitions``: each resumes at its committed offset, checked.
+        One look-up for all of them; a partition with nothing committed starts where
+        ``auto.offset.reset`` says, at a batch, unchecked."""
+        for tp in partitions:
+            self._resuming.pop((tp.topic, tp.partition), None)
+        try:
+            committed = consumer.committed(partitions, timeout=LOOKUP_WAIT_S)
+        except KafkaException as e:
+            log.debug("committed offsets look-up failed (%s); not checking the resume", e)
+            return
+        self._check_resumes_at(committed)
+
+    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._resuming.pop((tp.topic, tp.partition), None)
+
+    def _check_resumes_at(self, positions: list[TopicPartition]) -> None:
+        for tp in positions:
+            if tp.error is None and tp.offset >= 0:
+                self._resuming[(tp.topic, tp.partition)] = ResumeCheck(tp.offset)
+
+    def _check_stalled(self) -> None:
+        """Checks that saw no record for a while ask for their partition's end offset (see the
+        resume module): a broker may answer a fetch inside the last batch with nothing."""
+        now = time.monotonic()
+        for tp, check in list(self._resuming.items()):
+            if not check.is_stalled(now):
+                continue
+            # The end the last fetch answer reported, which is right where a ListOffsets
+            # answer may not be (Tansu 0.6 answers one past its last batch's first offset);
+            # asked for only when no fetch answered yet.
+            try:
+                _low, end = self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+                if end < 0:
+                    _low, end = self._consumer.get_watermark_offsets(
+                        TopicPartition(*tp), timeout=LOOKUP_WAIT_S
+                    )
+            except KafkaException as e:
+                log.debug("%s/%s: end offset look-up failed (%s)", *tp, e)
+                continue
+            step = check.stalled(end)
+            if step is Step.KEEP:
+                del self._resuming[tp]
+            elif step is Step.SEEK:
+                self._seek_back(tp, check, end)
+
+    def _seek_back(self, tp: tuple[str, int], check: ResumeCheck, seen: int) -> bool:
+        """Sends the consumer to ``check.seek_to``; false (and the check ended) if it failed."""
+        try:
+            self._consumer.seek(TopicPartition(*tp, check.seek_to))
+        except KafkaException as e:
+            del self._resuming[tp]
+            log.warning(
+                "%s/%s: could not seek back to the resume offset %s (%s); records from it up "
+                "to %s may be skipped (a broker that answers a fetch inside a batch with a "
+                "later one)",
+                *tp,
+                check.resume_at,
+                e,
+                seen,
+            )
+            return False
+        log.debug(
+            "%s/%s resumed at %s past its offset %s; seeking back to %s",
+            *tp,
+            seen,
+            check.resume_at,
+            check.seek_to,
+        )
+        return True
+
+    def _checked(self, batch: list[Any]) -> list[Any]:
+        """``batch`` without the records a resume check drops. Once a partition is sent
+        further back, the rest of its records in this batch come from the old fetch and are
+        dropped too: they come again in order."""
+        kept = []
+        sought: set[tuple[str, int]] = set()
+        for msg in batch:
+            tp = (msg.topic(), msg.partition())
+            if tp in sought:
+                continue
+            check = self._resuming.get(tp)
+            if check is None:
+                kept.append(msg)
+                continue
+            step = check.step(msg.offset())
+            if step is Step.KEEP:
+                del self._resuming[tp]
+                if check.gave_up:
+                    log.warning(
+                        "%s/%s: no fetch started at or before the resume offset %s; going on "
+                        "from %s",
+                        *tp,
+                        check.resume_at,
+                        msg.offset(),
+                    )
+                kept.append(msg)
+            elif step is Step.SEEK:
+                if self._seek_back(tp, check, msg.offset()):
+                    sought.add(tp)
+                else:
+                    kept.append(msg)
+            else:
+                check.since = time.monotonic()
+        return kept
 
     def _start(self, batch: list[Any]) -> None:
         """Steps 1 to 4 for one polled batch."""
@@ -359,6 +483,7 @@ class RedeliveryConsumer:
                 except KafkaException as e:
                     self._failed = f"seeking {topic}/{partition} back to {first} failed: {e}"
                     raise RedeliveryError(self._failed) from e
+                self._resuming[(topic, partition)] = ResumeCheck(first)
                 continue
             commit.append(TopicPartition(topic, partition, msgs[-1].offset() + 1))
             handed.extend(msgs)
