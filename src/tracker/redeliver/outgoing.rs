@@ -17,7 +17,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::headers::{self, HeaderList};
-use crate::marker::{encode, Marker, SourceRef};
+use crate::marker::{encode, Marker, Settle, SourceRef};
 
 use crate::tracker::metrics::work::{ProduceFailed, ProduceRefused};
 use crate::tracker::metrics::Metrics;
@@ -49,6 +49,29 @@ pub fn end_marker(markers_topic: &str, partition: i32, source: &SourceRef) -> Ou
         payload: Some(encode(&Marker::End {
             source: source.clone(),
         })),
+        headers: Vec::new(),
+    }
+}
+
+/// One Settle marker (format version 2) ending `offsets` (ascending, no repeats) of source
+/// partition `topic`/`source_partition`, for markers partition `partition`.
+pub fn settle_ends_marker(
+    markers_topic: &str,
+    partition: i32,
+    topic: &str,
+    source_partition: i32,
+    offsets: &[i64],
+) -> Outgoing {
+    let mut settle = Settle::new(topic, source_partition);
+    for &o in offsets {
+        settle.ends.push(o);
+    }
+    Outgoing {
+        what: "end",
+        topic: markers_topic.to_string(),
+        partition: Some(partition),
+        key: None,
+        payload: Some(encode(&Marker::Settle(Box::new(settle)))),
         headers: Vec::new(),
     }
 }

@@ -32,6 +32,7 @@ use crate::tracker::metrics::work::{
 };
 use crate::tracker::metrics::Problem;
 
+use crate::marker::MAX_BATCH_RECORDS;
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::action::{after_refusal, decide, park_wait, Action, DlqReason};
 use crate::tracker::core::copy::copy_headers;
@@ -39,7 +40,7 @@ use crate::tracker::core::fence::Fence;
 use crate::tracker::core::state::{Cause, Expiry};
 use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::ender::Ender;
-use crate::tracker::redeliver::outgoing::{end_marker, Outgoing, Sender};
+use crate::tracker::redeliver::outgoing::{end_marker, settle_ends_marker, Outgoing, Sender};
 use crate::tracker::redeliver::published_check::already_published;
 use crate::tracker::redeliver::scheduled::unpack;
 use crate::tracker::redeliver::source_reader::{ReadOutcome, SourceReader};
@@ -330,22 +331,11 @@ impl Redeliverer {
         for p in &done {
             self.copied(p, origins.get(&p.expiry.source));
         }
-        let mut partitions = Vec::new();
-        let ends: Vec<_> = published
-            .iter()
-            .chain(&done)
-            .filter_map(|p| {
-                let o = origins.get(&p.expiry.source)?;
-                if !partitions.contains(&o.markers_partition) {
-                    partitions.push(o.markers_partition);
-                }
-                Some(end_marker(
-                    &self.config.markers_topic,
-                    o.markers_partition,
-                    &p.expiry.source,
-                ))
-            })
-            .collect();
+        let ended = published.iter().chain(&done).filter_map(|p| {
+            let o = origins.get(&p.expiry.source)?;
+            Some((o.markers_partition, &p.expiry.source))
+        });
+        let (partitions, ends) = end_markers(&self.config.markers_topic, ended);
         // Every copy here is durable: its End may go. The next pass does not wait for it.
         self.ender.write(partitions, ends);
     }
@@ -690,6 +680,48 @@ fn gather(jobs: Vec<Job>) -> (Origins, Vec<Expiry>) {
         }
     }
     (origins, expiries)
+}
+
+/// The markers that end `ended` (markers partition, delivery), and the markers partitions
+/// they go to. A delivery's End is one Settle marker (format version 2) per markers
+/// partition and source partition, the way a client settles a batch: in a burst of
+/// redeliveries the tracker used to write, and read back, one marker per copy. A schedule's
+/// End stays a version 1 End: clients' schedule look-ups (`client/schedule_scan.rs`) read
+/// it, and clients are upgraded after the tracker.
+fn end_markers<'a>(
+    markers_topic: &str,
+    ended: impl Iterator<Item = (i32, &'a SourceRef)>,
+) -> (Vec<i32>, Vec<Outgoing>) {
+    let mut partitions = Vec::new();
+    let mut out = Vec::new();
+    let mut settles: BTreeMap<(i32, &str, i32), Vec<i64>> = BTreeMap::new();
+    for (markers_partition, source) in ended {
+        if !partitions.contains(&markers_partition) {
+            partitions.push(markers_partition);
+        }
+        if source.topic == markers_topic {
+            out.push(end_marker(markers_topic, markers_partition, source));
+        } else {
+            settles
+                .entry((markers_partition, &source.topic, source.partition))
+                .or_default()
+                .push(source.offset);
+        }
+    }
+    for ((markers_partition, topic, partition), mut offsets) in settles {
+        offsets.sort_unstable();
+        offsets.dedup();
+        for chunk in offsets.chunks(MAX_BATCH_RECORDS) {
+            out.push(settle_ends_marker(
+                markers_topic,
+                markers_partition,
+                topic,
+                partition,
+                chunk,
+            ));
+        }
+    }
+    (partitions, out)
 }
 
 fn home_topic(p: &Pending) -> &str {

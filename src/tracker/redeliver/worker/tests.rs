@@ -117,13 +117,19 @@ impl Rig {
         out
     }
 
-    /// The Ends the worker wrote, as source coordinates.
+    /// The Ends the worker wrote (version 1 Ends and the ends of Settle markers), as source
+    /// coordinates, from the first `n` markers.
     fn ends(&self, n: usize, wait: Duration) -> Vec<SourceRef> {
         self.read("m", n, wait)
             .iter()
-            .filter_map(|m| match decode(m.payload()?) {
-                Ok(Marker::End { source }) => Some(source),
-                _ => None,
+            .flat_map(|m| match m.payload().map(decode) {
+                Some(Ok(Marker::End { source })) => vec![source],
+                Some(Ok(Marker::Settle(s))) => s
+                    .ends
+                    .iter()
+                    .map(|o| SourceRef::new(s.topic.as_str(), s.partition, o))
+                    .collect(),
+                _ => Vec::new(),
             })
             .collect()
     }
@@ -222,4 +228,45 @@ async fn a_revoked_partitions_job_is_dropped_and_counted() {
         rig.ends(1, Duration::from_secs(1)).is_empty(),
         "and no End written for it"
     );
+}
+
+/// A pass's Ends: one Settle per markers partition and source partition, offsets ascending;
+/// a schedule's End stays a version 1 End, which clients' schedule look-ups read.
+#[test]
+fn a_passs_ends_are_one_settle_per_source_partition_and_a_schedules_end_stays_v1() {
+    let sources = [
+        (0, SourceRef::new("orders", 1, 9)),
+        (0, SourceRef::new("orders", 1, 3)),
+        (0, SourceRef::new("orders", 2, 5)),
+        (1, SourceRef::new("orders", 1, 4)),
+        (0, SourceRef::new("m", 0, 17)),
+        (0, SourceRef::new("orders", 1, 3)),
+    ];
+    let (partitions, out) = super::end_markers("m", sources.iter().map(|(p, s)| (*p, s)));
+    assert_eq!(partitions, [0, 1]);
+    let decoded: Vec<(Option<i32>, Marker)> = out
+        .iter()
+        .map(|o| (o.partition, decode(o.payload.as_deref().unwrap()).unwrap()))
+        .collect();
+    let settles: Vec<(Option<i32>, String, i32, Vec<i64>)> = decoded
+        .iter()
+        .filter_map(|(p, m)| match m {
+            Marker::Settle(s) => Some((*p, s.topic.clone(), s.partition, s.ends.iter().collect())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        settles,
+        [
+            (Some(0), "orders".to_string(), 1, vec![3, 9]),
+            (Some(0), "orders".to_string(), 2, vec![5]),
+            (Some(1), "orders".to_string(), 1, vec![4]),
+        ]
+    );
+    assert!(decoded.iter().any(|(p, m)| *p == Some(0)
+        && *m
+            == Marker::End {
+                source: SourceRef::new("m", 0, 17)
+            }));
+    assert_eq!(decoded.len(), 4);
 }
