@@ -17,6 +17,8 @@ pub fn client(brokers: &str) -> ClientConfig {
 
 /// Creates topic `name` with `partitions` partitions and `config`, then waits until its
 /// metadata shows every partition (a producer or consumer that looks earlier may not find it).
+/// The replication factor is the broker's default: 1 on a single broker, 3 on the cluster
+/// `KAFKA_BROKERS=3 scripts/kafka start` runs.
 pub async fn create_topic(
     client: &ClientConfig,
     name: &str,
@@ -24,7 +26,7 @@ pub async fn create_topic(
     config: &[(&str, &str)],
 ) -> Result<(), crate::Error> {
     let admin: AdminClient<DefaultClientContext> = client.create()?;
-    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+    let mut topic = NewTopic::new(name, partitions, TopicReplication::Fixed(-1));
     for (k, v) in config {
         topic = topic.set(k, v);
     }
