@@ -176,10 +176,12 @@ impl Poller {
             (true, false) => Duration::from_millis(100),
         };
         let batch = self.poll_batch(limit, wait);
+        // After every poll, not only an empty one: the other partitions' records may keep
+        // the polls full while one partition gets nothing.
+        if !paused {
+            self.check_stalled_resumes();
+        }
         if batch.is_empty() {
-            if !paused {
-                self.check_stalled_resumes();
-            }
             return false;
         }
         pipeline.push_back(self.start(batch));
@@ -299,6 +301,9 @@ impl Poller {
     /// nothing.
     fn check_stalled_resumes(&self) {
         let mut resuming = self.resuming.borrow_mut();
+        if resuming.is_empty() {
+            return;
+        }
         resuming.retain_mut(|(topic, partition, check)| {
             check.stalled(&self.consumer, topic, *partition)
         });
