@@ -658,8 +658,6 @@ impl Redeliverer {
     }
 }
 
-/// The topic a pending delivery belongs to: the target of a schedule, else the source topic.
-/// Its dead-letter topic is derived from it.
 /// Where each due delivery of a pass came from.
 type Origins = HashMap<SourceRef, Origin>;
 
@@ -724,6 +722,8 @@ fn end_markers<'a>(
     (partitions, out)
 }
 
+/// The topic a pending delivery belongs to: the target of a schedule, else the source topic.
+/// Its dead-letter topic is derived from it.
 fn home_topic(p: &Pending) -> &str {
     p.record
         .as_ref()
