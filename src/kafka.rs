@@ -49,6 +49,9 @@ pub(crate) fn client_config(
 #[derive(Debug, Default)]
 pub struct AuthWatch {
     failure: std::sync::Mutex<Option<String>>,
+    /// librdkafka reports every failed connection attempt, about 40 a second while the broker
+    /// refuses connections: one line per 10 s says so, with the number held back.
+    limit: crate::log_limit::LogLimit,
 }
 
 impl AuthWatch {
@@ -79,8 +82,11 @@ impl rdkafka::ClientContext for AuthWatch {
             if let Ok(mut f) = self.failure.lock() {
                 f.get_or_insert_with(|| reason.to_string());
             }
-        } else {
-            tracing::warn!(%error, reason, "kafka client error");
+        } else if let Some(held_back) = self
+            .limit
+            .allow("kafka client error", std::time::Instant::now())
+        {
+            tracing::warn!(%error, reason, held_back, "kafka client error");
         }
     }
 }

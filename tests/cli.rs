@@ -119,6 +119,37 @@ async fn topic_config(topic: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+#[test]
+fn sigterm_while_kafka_is_out_of_reach_stops_the_tracker_cleanly_at_once() {
+    // The start-up check waits up to 10 s a round for a broker; a stop asked meanwhile must
+    // neither wait for the round nor kill the process by the signal's default action (an
+    // orchestrator reports exit-by-signal as a failure).
+    for _ in 0..3 {
+        let admin = admin_addr();
+        let nowhere = format!("127.0.0.1:{}", free_port());
+        let mut child = Command::new(tracker_bin())
+            .args(["run", "--brokers", &nowhere, "--markers-topic", "m"])
+            .args(admin.args())
+            .stderr(std::process::Stdio::from(log_file("sigterm-unreachable")))
+            .spawn()
+            .unwrap();
+        admin
+            .wait(Some(&mut child), Duration::from_secs(30))
+            .unwrap();
+        // Well inside the first round of asking for the broker.
+        std::thread::sleep(Duration::from_millis(300));
+        sigterm(&child);
+        let status = redelivery_testkit::wait::until(
+            Duration::from_secs(5),
+            Duration::from_millis(20),
+            || child.try_wait().unwrap(),
+        );
+        let _ = child.kill();
+        let status = status.expect("the tracker was still running 5 s after SIGTERM");
+        assert!(status.success(), "the tracker stopped with {status}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topics_create_sets_what_the_tracker_needs() {
     let source = unique("src");

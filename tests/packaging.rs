@@ -9,31 +9,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
+use common::help::{help, help_flags};
 use common::{example_bin, repo, tracker_bin};
-
-fn help(bin: &Path, args: &[&str]) -> String {
-    let out = Command::new(bin).args(args).arg("--help").output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// (flag, environment variable) pairs that `--help` lists.
-fn help_flags(text: &str) -> BTreeSet<(String, String)> {
-    let mut out = BTreeSet::new();
-    let mut flag: Option<String> = None;
-    for line in text.lines().map(str::trim) {
-        if line.starts_with("--") || line.starts_with("-X") {
-            let f = line.split([' ', ',']).next().unwrap().to_string();
-            flag = (f != "--help" && f != "-h" && f != "--version").then_some(f);
-        }
-        // Long help puts `[env: X=]` on a line of its own, short help at the end of the flag's;
-        // a flag whose values are hidden (they may be secrets) shows `[env: X]`.
-        if let (Some(f), Some((_, env))) = (&flag, line.split_once("[env: ")) {
-            out.insert((f.clone(), env.split(['=', ']']).next().unwrap().to_string()));
-        }
-    }
-    out
-}
 
 fn compose_as_json() -> serde_json::Value {
     // ruamel comes with check-jsonschema (scripts/deps installs it) and resolves `<<:` merges.

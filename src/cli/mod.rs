@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::tracker::{Tracker, TrackerConfig};
+use crate::tracker::{Tracker, TrackerConfig, TrackerError};
 use args::{Cli, Command, DlqCommand, RunArgs, TopicsCommand};
 
 /// Exit code for a bad flag or environment variable (BSD `EX_USAGE`).
@@ -49,7 +49,12 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(dispatch(cli.command))
+    let code = runtime.block_on(dispatch(cli.command));
+    // What is still running once the command has returned was given up on: a start-up check
+    // still waiting in librdkafka for a broker (up to 10 s), a thread the tracker's stop left
+    // behind. Dropping the runtime would wait for them; the exit does not.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 /// Folds clap's multi-line error into one line: the message and what it lists, without the
@@ -150,6 +155,10 @@ async fn run(args: RunArgs) -> ExitCode {
     };
     // The admin server comes first, so that while Kafka cannot be reached /healthz answers
     // and /readyz says "not ready".
+    // Signal handlers first: until they are installed SIGTERM kills the process outright
+    // (exit by signal, which an orchestrator reports as a failure).
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
     let admin_task = match admin::serve(args.admin_listen, state).await {
         Ok((bound, task)) => {
             if let Some(path) = &args.admin_address_file {
@@ -165,15 +174,20 @@ async fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
+    // The start-up check blocks its thread while it asks Kafka (up to 10 s a round), so it
+    // runs as a task of its own: a stop asked meanwhile is seen at once, not after the round.
+    let check = tokio::spawn({
+        let args = args.clone();
+        async move { startup::check_until_reachable(&args).await }
+    });
     let result = tokio::select! {
-        checked = startup::check_until_reachable(&args) => match checked {
-            Ok(()) => tracker.run(shutdown).await,
-            Err(code) => {
+        checked = check => match checked {
+            Ok(Ok(())) => tracker.run(shutdown).await,
+            Ok(Err(code)) => {
                 admin_task.abort();
                 return code;
             }
+            Err(e) => Err(TrackerError::Thread(format!("the start-up check failed: {e}"))),
         },
         () = &mut shutdown => Ok(()),
     };
@@ -188,25 +202,36 @@ async fn run(args: RunArgs) -> ExitCode {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on SIGINT or SIGTERM. The handlers are installed by this call, not when the
+/// future is first polled, so a signal that arrives while the caller is busy elsewhere still
+/// ends in a clean stop. Must be called inside the Tokio runtime.
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (interrupt, term) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        );
+        async move {
+            let wait = |s: std::io::Result<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = wait(interrupt) => tracing::info!("SIGINT received"),
+                _ = wait(term) => tracing::info!("SIGTERM received"),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => tracing::info!("SIGINT received"),
-        _ = term => tracing::info!("SIGTERM received"),
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("interrupt received");
     }
 }
 

@@ -24,6 +24,12 @@ use crate::tracker::snapshot::restorer::Restorer;
 /// and close, the redelivery worker its current job.
 const GRACE: Duration = Duration::from_secs(10);
 
+/// The longest a stop can take: the consumer's grace period, then the worker's, then the worker
+/// once more after it is told to give up (see `Threads::drain`). A supervisor that kills the
+/// tracker sooner (Kubernetes' `terminationGracePeriodSeconds`, which the Helm chart sets above
+/// this; tests/kubernetes.rs checks it) loses nothing, but the next owner replays more.
+pub const LONGEST_STOP: Duration = Duration::from_secs(3 * GRACE.as_secs());
+
 /// A RedeliveryTracker: consumes the markers topic and redelivers what times out.
 ///
 /// ```no_run

@@ -15,6 +15,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 
 mod cluster;
+pub mod help;
 pub use cluster::Cluster;
 pub use redelivery_testkit::admin::{http_get, AdminAddr};
 pub use redelivery_testkit::clock::now_ms;
