@@ -24,6 +24,8 @@ pub struct Cluster {
     instance: Option<String>,
     /// Extra environment for `scripts/kafka` (security mode, users).
     env: Vec<(String, String)>,
+    /// The scripts/netns network its nodes (and the processes a test puts there) live on.
+    pub net: Option<u8>,
 }
 
 /// The password of the secured broker's super user (see `scripts/kafka`).
@@ -38,6 +40,7 @@ impl Cluster {
             settings: Vec::new(),
             instance: None,
             env: Vec::new(),
+            net: None,
         })
     }
 
@@ -59,12 +62,132 @@ impl Cluster {
         cluster
     }
 
+    /// Starts a private cluster of `brokers` combined KRaft nodes (replication factor 3,
+    /// `min.insync.replicas` 2); stopped and wiped when dropped. Node ids are 1 to `brokers`.
+    pub fn private_cluster(prefix: &str, brokers: u32) -> Cluster {
+        let env = vec![("KAFKA_BROKERS".to_string(), brokers.to_string())];
+        Self::start_private(prefix, env)
+    }
+
+    /// [`Cluster::private_cluster`] with every node in a network namespace of its own on a
+    /// new scripts/netns network (node n at 10.77.NET.n), so that a node, or a process put on
+    /// the network with [`Cluster::on_network`], can be cut off ([`Cluster::cut`]). Needs root.
+    pub fn private_cluster_on_network(prefix: &str, brokers: u32) -> Cluster {
+        // A network no other run on this machine uses: its bridge does not exist yet.
+        let net = (0..100)
+            .map(|_| rand::random::<u8>() % 250 + 1)
+            .find(|n| {
+                !Command::new("ip")
+                    .args(["link", "show", &format!("krbr{n}")])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .expect("a free scripts/netns network");
+        let env = vec![
+            ("KAFKA_BROKERS".to_string(), brokers.to_string()),
+            ("KAFKA_NET".to_string(), net.to_string()),
+        ];
+        let mut cluster = Self::start_private(prefix, env);
+        cluster.net = Some(net);
+        cluster
+    }
+
+    /// `command` run inside the namespace `host` (made with address 10.77.NET.`ip` if it does
+    /// not exist yet) of this cluster's network; its stdio is still the caller's to set.
+    pub fn on_network(&self, host: &str, ip: u8, command: &Command) -> Command {
+        let net = self
+            .net
+            .expect("a cluster started on a network")
+            .to_string();
+        self.netns(&["add", &net, host, &ip.to_string()]);
+        let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns"));
+        c.args(["exec", &net, host])
+            .arg(command.get_program())
+            .args(command.get_args());
+        for (k, v) in command.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c
+    }
+
+    /// Cuts `host` (a node's `b<n>`, or a name given to [`Cluster::on_network`]) off the
+    /// network: its packets go nowhere, silently.
+    pub fn cut(&self, host: &str) {
+        let net = self
+            .net
+            .expect("a cluster started on a network")
+            .to_string();
+        self.netns(&["cut", &net, host]);
+    }
+
+    /// Joins `host` to the network again.
+    pub fn heal(&self, host: &str) {
+        let net = self
+            .net
+            .expect("a cluster started on a network")
+            .to_string();
+        self.netns(&["heal", &net, host]);
+    }
+
+    fn netns(&self, args: &[&str]) {
+        let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns"))
+            .args(args)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("scripts/netns could not be run");
+        assert!(
+            out.status.success(),
+            "scripts/netns {args:?} failed (it needs root)"
+        );
+    }
+
+    /// Runs `scripts/kafka ACTION` on one node of a private cluster (kill, stop, resume,
+    /// pause, unpause); panics if it fails.
+    pub fn node(&self, node: i32, action: &str) {
+        let out = self.script_with(&[action], &[("KAFKA_NODE", &node.to_string())]);
+        assert!(
+            out.status.success(),
+            "scripts/kafka {action} of node {node} failed"
+        );
+    }
+
+    /// The node id of a private cluster's active controller.
+    pub fn controller(&self) -> i32 {
+        let out = self.script(&["controller"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no controller id in {text:?}"))
+    }
+
+    /// The broker leading each partition of `topic`, as the cluster's metadata says now
+    /// (-1 for a partition without a leader).
+    pub fn leaders(&self, topic: &str) -> Vec<i32> {
+        let c: BaseConsumer = self.client().create().unwrap();
+        let md = c
+            .fetch_metadata(Some(topic), Duration::from_secs(30))
+            .expect("metadata");
+        let mut partitions: Vec<(i32, i32)> = md.topics()[0]
+            .partitions()
+            .iter()
+            .map(|p| (p.id(), p.leader()))
+            .collect();
+        partitions.sort();
+        partitions.into_iter().map(|(_, leader)| leader).collect()
+    }
+
     fn start_private(prefix: &str, env: Vec<(String, String)>) -> Cluster {
         let mut cluster = Cluster {
             addr: String::new(),
             settings: Vec::new(),
             instance: Some(unique(prefix)),
             env,
+            net: None,
         };
         let out = cluster.script(&["start"]);
         assert!(out.status.success(), "private broker did not start");
@@ -79,8 +202,15 @@ impl Cluster {
 
     /// Runs `scripts/kafka` for this broker.
     pub fn script(&self, args: &[&str]) -> Output {
+        self.script_with(args, &[])
+    }
+
+    /// Runs `scripts/kafka` for this broker with more environment.
+    fn script_with(&self, args: &[&str], extra: &[(&str, &str)]) -> Output {
         let mut c = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka"));
-        c.args(args).stderr(Stdio::inherit());
+        c.args(args)
+            .envs(extra.iter().copied())
+            .stderr(Stdio::inherit());
         if let Some(i) = &self.instance {
             c.env("KAFKA_INSTANCE", i);
         }
@@ -357,6 +487,11 @@ impl Drop for Cluster {
                 self.instance.as_deref().unwrap_or_default()
             ));
             let _ = std::fs::remove_file(addr);
+        }
+        if let Some(net) = self.net {
+            let _ = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/netns"))
+                .args(["down", &net.to_string()])
+                .status();
         }
     }
 }

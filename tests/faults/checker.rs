@@ -186,10 +186,6 @@ fn blame(events: &[Event], incarnations: &[Incarnation], faults: &[(u64, Fault)]
     faults
         .iter()
         .rev()
-        .find(|(at, f)| {
-            *at <= second
-                && second - at < 60_000
-                && matches!(f.kind, FaultKind::TrackerKill | FaultKind::BrokerRestart)
-        })
+        .find(|(at, f)| *at <= second && second - at < 60_000 && f.kind.is_infrastructure())
         .map_or_else(|| "unattributed".to_string(), |(_, f)| f.kind.to_string())
 }

@@ -4,7 +4,7 @@
 //! delivered twice.
 
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use crate::common::{log_file, Cluster, Topics};
 
@@ -81,24 +81,43 @@ impl<'a> Fleet<'a> {
             trackers: Vec::new(),
             incarnations: Vec::new(),
         };
-        for _ in 0..trackers {
-            let t = fleet.spawn_tracker();
+        for i in 0..trackers {
+            let t = fleet.spawn_tracker(i);
             fleet.trackers.push(Some(t));
         }
-        for _ in 0..workers {
-            let w = fleet.spawn_worker();
+        for i in 0..workers {
+            let w = fleet.spawn_worker(i);
             fleet.workers.push(w);
         }
         fleet
     }
 
-    fn spawn_worker(&mut self) -> Slot {
+    /// The namespace of tracker replica `i` or worker slot `i` on a cluster's network, and its
+    /// address there; `None` off a network.
+    pub fn host(&self, tracker: bool, i: usize) -> Option<(String, u8)> {
+        self.cluster.net?;
+        let i = u8::try_from(i).expect("fewer than 20 of each");
+        Some(if tracker {
+            (format!("t{i}"), 20 + i)
+        } else {
+            (format!("w{i}"), 40 + i)
+        })
+    }
+
+    /// `command` as it runs for tracker `i` or worker slot `i`: in its namespace, if any.
+    fn placed(&self, tracker: bool, i: usize, command: Command) -> Command {
+        match self.host(tracker, i) {
+            Some((name, ip)) => self.cluster.on_network(&name, ip, &command),
+            None => command,
+        }
+    }
+
+    fn spawn_worker(&mut self, slot: usize) -> Slot {
         let n = self.incarnations.len();
         let log = self.dir.join(format!("worker-{n}.jsonl"));
         let out = std::fs::File::create(&log).expect("worker log");
-        let child = self
-            .cluster
-            .worker_command(self.topics, &self.worker_group)
+        let mut command = self.cluster.worker_command(self.topics, &self.worker_group);
+        command
             .args(["--timeout", &format!("{WORKER_TIMEOUT_MS}ms")])
             .args(["--process-time", "200ms", "--max-unsettled", "200"])
             .args([
@@ -108,7 +127,9 @@ impl<'a> Fleet<'a> {
                 "0.002",
                 "--log-received",
             ])
-            .args(["-X", "group.protocol=consumer"])
+            .args(["-X", "group.protocol=consumer"]);
+        let child = self
+            .placed(false, slot, command)
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(log_file("fault-worker")))
             .spawn()
@@ -123,14 +144,26 @@ impl<'a> Fleet<'a> {
         }
     }
 
-    fn spawn_tracker(&self) -> Child {
+    fn spawn_tracker(&self, i: usize) -> Child {
         let (mut c, _admin) = self
             .cluster
             .tracker_command(self.topics, &self.tracker_group, 30);
-        c.args(FAST_GROUP)
+        c.args(FAST_GROUP);
+        self.placed(true, i, c)
+            .stdout(Stdio::null())
             .stderr(Stdio::from(log_file("fault-tracker")))
             .spawn()
             .expect("tracker started")
+    }
+
+    /// How many worker slots there are.
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// How many tracker replicas there are.
+    pub fn trackers(&self) -> usize {
+        self.trackers.len()
     }
 
     /// SIGKILLs worker `i` and starts a new one in its place.
@@ -139,7 +172,7 @@ impl<'a> Fleet<'a> {
         let _ = slot.child.kill();
         let _ = slot.child.wait();
         self.incarnations[slot.incarnation].killed_at_ms = Some(now_ms());
-        self.workers[i] = self.spawn_worker();
+        self.workers[i] = self.spawn_worker(i);
     }
 
     /// SIGSTOPs worker `i`; returns its incarnation, to continue it later.
@@ -173,7 +206,7 @@ impl<'a> Fleet<'a> {
     /// Starts tracker replica `i` again if it is down.
     pub fn restart_tracker(&mut self, i: usize) {
         if self.trackers[i].is_none() {
-            self.trackers[i] = Some(self.spawn_tracker());
+            self.trackers[i] = Some(self.spawn_tracker(i));
         }
     }
 

@@ -2,11 +2,17 @@
 //! private broker, with faults injected while messages flow (SIGKILL and SIGSTOP/SIGCONT of
 //! workers, SIGKILL and restart of trackers, one broker restart). Every message carries a
 //! unique id; the checker asserts each was acked or dead-lettered with a reason, and reports
-//! duplicates per fault type.
+//! duplicates per fault type. On a private cluster of three brokers (replication factor 3,
+//! `min.insync.replicas` 2), each broker, tracker and worker in a network namespace of its own
+//! (scripts/netns), the faults added are the ones a single broker cannot give: SIGKILL of the
+//! leader of a markers or a source partition and of the active controller, a leader stopped
+//! (SIGSTOP) for a few seconds, and a network partition cutting off one broker, one tracker
+//! replica or one worker for longer than its session timeout.
 //!
-//! The CI size runs with the other tests. The long size (1M messages, hundreds of faults) is
-//! `scripts/faults-long`; its results go into RELIABILITY.md. `FAULTS_SEED=<n>` replays a
-//! fault schedule; every run prints its seed first.
+//! The single-broker CI size runs with the other tests; the cluster's CI size runs in
+//! scripts/test's cluster phase, when the other tests' brokers are down. The long sizes (1M
+//! messages, hundreds of faults) are `scripts/faults-long [--cluster]`; their results go into
+//! RELIABILITY.md. `FAULTS_SEED=<n>` replays a fault schedule; every run prints its seed first.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../common/mod.rs"]
@@ -29,7 +35,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use checker::{Checker, Report};
 use common::{Cluster, Topics};
 use fleet::{now_ms, Fleet, WORKER_TIMEOUT_MS};
-use schedule::{Fault, FaultKind};
+use schedule::{Brokers, Fault, FaultKind};
 
 /// The size of one run.
 struct Size {
@@ -42,7 +48,21 @@ struct Size {
     workers: usize,
     /// How long to wait, once faults stop, for every id to be settled.
     drain: Duration,
+    brokers: Brokers,
 }
+
+/// Mean time between two cluster faults: a killed broker is started again after
+/// [`BROKER_DOWN`] and takes a few seconds more to be back, a cut-off host is healed after
+/// [`PARTITION`], so the next fault finds all three brokers up.
+const CLUSTER_EVERY: Duration = Duration::from_secs(20);
+
+/// How long a killed broker stays down, and a stopped one stopped.
+const BROKER_DOWN: Duration = Duration::from_secs(8);
+const BROKER_PAUSE: Duration = Duration::from_secs(5);
+
+/// How long a host stays cut off: longer than every session timeout involved (trackers 6 s,
+/// workers 10 s, a broker's with the controller 9 s) and than the workers' delivery timeout.
+const PARTITION: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn faults_lose_nothing_ci_size() {
@@ -52,6 +72,25 @@ async fn faults_lose_nothing_ci_size() {
         every: Duration::from_secs(10),
         workers: 3,
         drain: Duration::from_secs(240),
+        brokers: Brokers::Single,
+    })
+    .await;
+}
+
+/// Run by scripts/test after the other tests, on a cluster of its own: three more JVMs beside
+/// the other tests' brokers would slow all of them on a two-core machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "runs in scripts/test's cluster phase"]
+async fn faults_lose_nothing_on_a_cluster_ci_size() {
+    run(Size {
+        messages: 10_000,
+        span: Duration::from_secs(150),
+        every: Duration::from_secs(10),
+        workers: 3,
+        drain: Duration::from_secs(240),
+        brokers: Brokers::Cluster {
+            every: CLUSTER_EVERY,
+        },
     })
     .await;
 }
@@ -73,6 +112,30 @@ async fn faults_lose_nothing_long() {
         every: Duration::from_secs(5),
         workers: 4,
         drain: Duration::from_secs(900),
+        brokers: Brokers::Single,
+    })
+    .await;
+}
+
+/// `scripts/faults-long --cluster`: the long size on a cluster of three brokers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long: run with scripts/faults-long --cluster"]
+async fn faults_lose_nothing_on_a_cluster_long() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    run(Size {
+        messages: env("FAULTS_MESSAGES", 1_000_000) as usize,
+        span: Duration::from_secs(env("FAULTS_SPAN_SECS", 1500)),
+        every: Duration::from_secs(5),
+        workers: 4,
+        drain: Duration::from_secs(900),
+        brokers: Brokers::Cluster {
+            every: CLUSTER_EVERY,
+        },
     })
     .await;
 }
@@ -83,8 +146,11 @@ async fn run(size: Size) {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random::<u64>);
     println!("faults: seed {seed} (replay with FAULTS_SEED={seed})");
-    let plan = schedule::plan(seed, size.span, size.every, size.workers, 2);
-    let cluster = Cluster::private("faults");
+    let plan = schedule::plan(seed, size.span, size.every, size.workers, 2, size.brokers);
+    let cluster = match size.brokers {
+        Brokers::Single => Cluster::private("faults"),
+        Brokers::Cluster { .. } => Cluster::private_cluster_on_network("faults", 3),
+    };
     let t = cluster.topics(8, 4).await;
     let ids: Vec<String> = (0..size.messages).map(|i| format!("f-{i}")).collect();
 
@@ -96,7 +162,7 @@ async fn run(size: Size) {
         size.span,
     ));
     let started = Instant::now();
-    let done = tokio::task::block_in_place(|| inject(&cluster, &mut fleet, &plan, started));
+    let done = tokio::task::block_in_place(|| inject(&cluster, &t, &mut fleet, &plan, started));
     producer.await.unwrap();
     fleet.heal();
 
@@ -177,20 +243,44 @@ async fn produce(
 /// Runs the fault plan in real time; returns the faults done with their wall-clock times.
 fn inject(
     cluster: &Cluster,
+    t: &Topics,
     fleet: &mut Fleet<'_>,
     plan: &[Fault],
     started: Instant,
 ) -> Vec<(u64, Fault)> {
     let mut done = Vec::new();
-    // (when, what) follow-ups: SIGCONT of a stopped worker, restart of a killed tracker.
+    // (when, what) follow-ups: SIGCONT of a stopped worker, restart of a killed tracker or
+    // broker, SIGCONT of a stopped broker.
     let mut later: Vec<(Instant, Followup)> = Vec::new();
     for fault in plan {
         while started.elapsed() < fault.at {
-            run_due(fleet, &mut later);
+            run_due(cluster, fleet, &mut later);
             std::thread::sleep(Duration::from_millis(50));
         }
+        // A broker fault hits a node id found now: a partition's current leader, or the
+        // active controller.
+        let node = match fault.kind {
+            FaultKind::MarkersLeaderKill | FaultKind::LeaderPause | FaultKind::BrokerPartition => {
+                leader(cluster, &t.markers, fault.target)
+            }
+            FaultKind::SourceLeaderKill => leader(cluster, &t.source, fault.target),
+            FaultKind::ControllerKill => Some(cluster.controller()),
+            _ => None,
+        };
+        let broker_fault = !matches!(
+            fault.kind,
+            FaultKind::TrackerPartition | FaultKind::WorkerPartition
+        );
+        if FaultKind::CLUSTER.contains(&fault.kind) && broker_fault && node.is_none() {
+            println!(
+                "faults: {} skipped: no broker leads or controls now",
+                fault.kind
+            );
+            continue;
+        }
+        let on = node.map_or_else(String::new, |n| format!(" (broker {n})"));
         println!(
-            "faults: {:>6.1}s {} #{}",
+            "faults: {:>6.1}s {} #{}{on}",
             started.elapsed().as_secs_f64(),
             fault.kind,
             fault.target
@@ -215,21 +305,64 @@ fn inject(
                 std::thread::sleep(Duration::from_secs(5));
                 cluster.resume();
             }
+            FaultKind::MarkersLeaderKill
+            | FaultKind::SourceLeaderKill
+            | FaultKind::ControllerKill => {
+                let n = node.expect("a broker fault names a node");
+                cluster.node(n, "kill");
+                later.push((Instant::now() + BROKER_DOWN, Followup::ResumeNode(n)));
+            }
+            FaultKind::LeaderPause => {
+                let n = node.expect("a broker fault names a node");
+                cluster.node(n, "pause");
+                later.push((Instant::now() + BROKER_PAUSE, Followup::Unpause(n)));
+            }
+            FaultKind::BrokerPartition => {
+                let host = format!("b{}", node.expect("a broker fault names a node"));
+                cluster.cut(&host);
+                later.push((Instant::now() + PARTITION, Followup::Heal(host)));
+            }
+            FaultKind::TrackerPartition | FaultKind::WorkerPartition => {
+                let tracker = fault.kind == FaultKind::TrackerPartition;
+                let count = if tracker {
+                    fleet.trackers()
+                } else {
+                    fleet.workers()
+                };
+                let (host, _) = fleet
+                    .host(tracker, fault.target % count)
+                    .expect("partitions need a cluster on a network");
+                cluster.cut(&host);
+                later.push((Instant::now() + PARTITION, Followup::Heal(host)));
+            }
         }
     }
     while !later.is_empty() {
-        run_due(fleet, &mut later);
+        run_due(cluster, fleet, &mut later);
         std::thread::sleep(Duration::from_millis(50));
     }
     done
 }
 
+/// The broker leading partition `target` (modulo the count) of `topic`, or of the first
+/// partition that has a leader right now.
+fn leader(cluster: &Cluster, topic: &str, target: usize) -> Option<i32> {
+    let leaders = cluster.leaders(topic);
+    let n = leaders.len();
+    (0..n).map(|i| leaders[(target + i) % n]).find(|&l| l >= 0)
+}
+
 enum Followup {
     Continue(usize),
     Restart(usize),
+    /// Start a killed broker again (waits until the cluster has all its nodes).
+    ResumeNode(i32),
+    Unpause(i32),
+    /// Join a cut-off host to the network again.
+    Heal(String),
 }
 
-fn run_due(fleet: &mut Fleet<'_>, later: &mut Vec<(Instant, Followup)>) {
+fn run_due(cluster: &Cluster, fleet: &mut Fleet<'_>, later: &mut Vec<(Instant, Followup)>) {
     let now = Instant::now();
     let (due, rest): (Vec<_>, Vec<_>) = later.drain(..).partition(|(at, _)| *at <= now);
     *later = rest;
@@ -237,6 +370,9 @@ fn run_due(fleet: &mut Fleet<'_>, later: &mut Vec<(Instant, Followup)>) {
         match f {
             Followup::Continue(n) => fleet.continue_worker(n),
             Followup::Restart(i) => fleet.restart_tracker(i),
+            Followup::ResumeNode(n) => cluster.node(n, "resume"),
+            Followup::Unpause(n) => cluster.node(n, "unpause"),
+            Followup::Heal(host) => cluster.heal(&host),
         }
     }
 }
@@ -307,6 +443,9 @@ fn print_report(seed: u64, r: &Report, done: &[(u64, Fault)]) {
     for kind in FaultKind::ALL {
         let n = done.iter().filter(|(_, f)| f.kind == kind).count();
         let dups = r.duplicates.get(&kind.to_string()).copied().unwrap_or(0);
+        if n == 0 && dups == 0 {
+            continue;
+        }
         println!("faults:   {kind:<28} injected {n:>4}   duplicates {dups:>6}");
     }
     if let Some(n) = r.duplicates.get("unattributed") {
