@@ -6,17 +6,9 @@ use plotters::style::FontStyle;
 use super::stats::Spread;
 use super::Error;
 
-const FONTS: [&str; 3] = [
-    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-    "/usr/share/fonts/TTF/DejaVuSans.ttf",
-];
-
 /// Registers a sans-serif font for the labels (the bitmap backend has none of its own).
 pub fn register_font() -> Result<(), Error> {
-    let path = FONTS
-        .iter()
-        .find(|p| std::path::Path::new(p).exists())
+    let path = redelivery_testkit::fonts::sans_serif()
         .ok_or("no DejaVuSans.ttf found for plot labels (Debian: apt install fonts-dejavu-core)")?;
     let bytes: &'static [u8] = Box::leak(std::fs::read(path)?.into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)

@@ -13,6 +13,7 @@
 //! - [`kafka`]: creating and deleting topics.
 //! - [`wait`]: waiting on a condition instead of sleeping for a guessed time.
 //! - [`bins`]: binaries cargo built next to the running one.
+//! - [`fonts`]: a font for plot labels.
 //!
 //! Functions here return errors (or `Option`) rather than panicking, so the benchmark suite
 //! can report them; tests turn them into assertions.
@@ -22,6 +23,7 @@
 pub mod admin;
 pub mod bins;
 pub mod clock;
+pub mod fonts;
 pub mod kafka;
 pub mod metrics;
 pub mod names;

@@ -33,6 +33,7 @@ pub struct Fleet<'a> {
     dir: PathBuf,
     workers: Vec<Slot>,
     trackers: Vec<Option<Child>>,
+    profile: Profile,
     /// Every worker process ever started, in order.
     pub incarnations: Vec<Incarnation>,
 }
@@ -61,6 +62,36 @@ const FAST_GROUP: [&str; 4] = [
 /// The delivery timeout workers ask for; a SIGSTOP lasts longer than this.
 pub const WORKER_TIMEOUT_MS: u64 = 5_000;
 
+/// How the workers behave, beyond the delivery timeout.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// Worker switches.
+    pub args: Vec<String>,
+    /// Whether each worker's JSON lines are kept (for the checker) or thrown away.
+    pub logs: bool,
+}
+
+impl Profile {
+    /// The fault suite's: slow handlers, few nacks and rejects, every delivery logged.
+    pub fn faults() -> Self {
+        let args = [
+            "--process-time",
+            "200ms",
+            "--max-unsettled",
+            "200",
+            "--nack-rate",
+            "0.01",
+            "--reject-rate",
+            "0.002",
+            "--log-received",
+        ];
+        Profile {
+            args: args.map(String::from).to_vec(),
+            logs: true,
+        }
+    }
+}
+
 impl<'a> Fleet<'a> {
     /// Starts `workers` workers and `trackers` tracker replicas.
     pub fn start(
@@ -68,6 +99,17 @@ impl<'a> Fleet<'a> {
         topics: &'a Topics,
         workers: usize,
         trackers: usize,
+    ) -> Self {
+        Self::start_with(cluster, topics, workers, trackers, Profile::faults())
+    }
+
+    /// [`Fleet::start`] with workers that behave as `profile` says.
+    pub fn start_with(
+        cluster: &'a Cluster,
+        topics: &'a Topics,
+        workers: usize,
+        trackers: usize,
+        profile: Profile,
     ) -> Self {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(crate::common::unique("faults"));
         std::fs::create_dir_all(&dir).expect("log folder");
@@ -79,6 +121,7 @@ impl<'a> Fleet<'a> {
             dir,
             workers: Vec::new(),
             trackers: Vec::new(),
+            profile,
             incarnations: Vec::new(),
         };
         for i in 0..trackers {
@@ -115,22 +158,19 @@ impl<'a> Fleet<'a> {
     fn spawn_worker(&mut self, slot: usize) -> Slot {
         let n = self.incarnations.len();
         let log = self.dir.join(format!("worker-{n}.jsonl"));
-        let out = std::fs::File::create(&log).expect("worker log");
+        let out = if self.profile.logs {
+            Stdio::from(std::fs::File::create(&log).expect("worker log"))
+        } else {
+            Stdio::null()
+        };
         let mut command = self.cluster.worker_command(self.topics, &self.worker_group);
         command
             .args(["--timeout", &format!("{WORKER_TIMEOUT_MS}ms")])
-            .args(["--process-time", "200ms", "--max-unsettled", "200"])
-            .args([
-                "--nack-rate",
-                "0.01",
-                "--reject-rate",
-                "0.002",
-                "--log-received",
-            ])
+            .args(&self.profile.args)
             .args(["-X", "group.protocol=consumer"]);
         let child = self
             .placed(false, slot, command)
-            .stdout(Stdio::from(out))
+            .stdout(out)
             .stderr(Stdio::from(log_file("fault-worker")))
             .spawn()
             .expect("worker started");
@@ -154,6 +194,16 @@ impl<'a> Fleet<'a> {
             .stderr(Stdio::from(log_file("fault-tracker")))
             .spawn()
             .expect("tracker started")
+    }
+
+    /// The process id of worker slot `i`'s current process.
+    pub fn worker_pid(&self, i: usize) -> u32 {
+        self.workers[i].child.id()
+    }
+
+    /// The process id of tracker replica `i`, if it runs.
+    pub fn tracker_pid(&self, i: usize) -> Option<u32> {
+        self.trackers[i].as_ref().map(Child::id)
     }
 
     /// How many worker slots there are.

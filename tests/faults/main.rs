@@ -21,16 +21,15 @@ mod common;
 mod checker;
 mod fleet;
 mod schedule;
+mod soak;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use kafka_redelivery::marker::{decode, Marker};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use rdkafka::util::Timeout;
-use rdkafka::{Offset, TopicPartitionList};
 
 use checker::{Checker, Report};
 use common::{Cluster, Topics};
@@ -113,6 +112,31 @@ async fn faults_lose_nothing_long() {
         workers: 4,
         drain: Duration::from_secs(900),
         brokers: Brokers::Single,
+    })
+    .await;
+}
+
+/// `scripts/soak`: an hour at 5,000 records/s (`SOAK_SECS`, `SOAK_RATE` change it), a fault
+/// every 3 minutes, samples and plot into `SOAK_OUT` (default target/soak).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "an hour: run with scripts/soak"]
+async fn soak_an_hour_at_a_fixed_load() {
+    let env = |k: &str, d: u64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let out = std::env::var("SOAK_OUT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("soak"));
+    let span = Duration::from_secs(env("SOAK_SECS", 3600));
+    soak::soak(soak::SoakSize {
+        rate: env("SOAK_RATE", 5000),
+        span,
+        fault_every: Duration::from_secs(env("SOAK_FAULT_EVERY_SECS", 180)),
+        warm_up: (span / 6).min(Duration::from_secs(600)),
+        out,
     })
     .await;
 }
@@ -379,42 +403,8 @@ fn run_due(cluster: &Cluster, fleet: &mut Fleet<'_>, later: &mut Vec<(Instant, F
 
 /// Every record of `topic`, read up to the end offsets seen when called.
 fn read_all(cluster: &Cluster, topic: &str) -> Vec<OwnedMessage> {
-    let c: BaseConsumer = cluster
-        .client()
-        .set("group.id", common::unique("checker"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(30))
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    let mut ends = std::collections::HashMap::new();
-    for p in md.topics()[0].partitions() {
-        let (_, high) = c
-            .fetch_watermarks(topic, p.id(), Duration::from_secs(30))
-            .unwrap();
-        if high > 0 {
-            ends.insert(p.id(), high);
-            tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-                .unwrap();
-        }
-    }
-    if ends.is_empty() {
-        return Vec::new();
-    }
-    c.assign(&tpl).unwrap();
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !ends.is_empty() && Instant::now() < deadline {
-        if let Some(Ok(m)) = c.poll(Duration::from_millis(200)) {
-            if m.offset() + 1 >= ends.get(&m.partition()).copied().unwrap_or(0) {
-                ends.remove(&m.partition());
-            }
-            out.push(m.detach());
-        }
-    }
-    assert!(ends.is_empty(), "{topic} could not be read to its end");
+    soak::scan(cluster, topic, |m| out.push(m.detach()));
     out
 }
 
