@@ -16,7 +16,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use clap::Parser;
-use kafka_redelivery::client::{ConsumerConfig, Delivery, MarkerFormat, RedeliveryConsumer};
+use kafka_redelivery::client::{
+    ConsumerConfig, Delivery, MarkerFormat, RedeliveryConsumer, RetryPolicy,
+};
 use rand::Rng;
 
 #[derive(Parser)]
@@ -48,9 +50,18 @@ struct Args {
     /// Share of deliveries nacked.
     #[arg(long, default_value_t = 0.0)]
     nack_rate: f64,
-    /// Delay of those nacks.
+    /// Delay of those nacks (with `--nack-backoff exponential`, the delay after the first
+    /// delivery).
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     nack_delay: Duration,
+    /// How the nack delay grows from one delivery of a record to the next: `fixed` (always
+    /// `--nack-delay`) or `exponential` (the client's retry policy: doubling from
+    /// `--nack-delay` up to `--nack-max-delay`, with 20 % jitter).
+    #[arg(long, default_value = "fixed", value_parser = ["fixed", "exponential"])]
+    nack_backoff: String,
+    /// The cap of the exponential back-off.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    nack_max_delay: Duration,
     /// Share of deliveries rejected to the dead-letter topic.
     #[arg(long, default_value_t = 0.0)]
     reject_rate: f64,
@@ -96,6 +107,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .timeout(args.timeout)
     .max_unsettled(args.max_unsettled)
     .marker_format(args.marker_format);
+    if args.nack_backoff == "exponential" {
+        config = config.retry(RetryPolicy::exponential(
+            args.nack_delay,
+            args.nack_max_delay,
+        ));
+    }
     for (k, v) in &args.rdkafka {
         config = config.set(k, v);
     }
@@ -133,7 +150,14 @@ async fn settle(d: Delivery, args: &Args) {
     } else if roll < args.unsettled_rate + args.nack_rate {
         (
             "nack",
-            settle_with(d, |d| async move { d.nack_after(args.nack_delay).await }).await,
+            settle_with(d, |d| async move {
+                if args.nack_backoff == "exponential" {
+                    d.nack().await
+                } else {
+                    d.nack_after(args.nack_delay).await
+                }
+            })
+            .await,
         )
     } else if roll < args.unsettled_rate + args.nack_rate + args.reject_rate {
         (

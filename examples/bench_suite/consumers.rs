@@ -61,6 +61,20 @@ pub fn set_ours_format(format: MarkerFormat) {
     let _ = OURS_FORMAT.set(format);
 }
 
+/// librdkafka settings "ours" passes to its client (consumer and markers producer), chosen once
+/// on the command line: to try a knob with everything else equal.
+static OURS_SETTINGS: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+pub fn set_ours_settings(settings: Vec<(String, String)>) {
+    let _ = OURS_SETTINGS.set(settings);
+}
+
+pub fn parse_setting(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{s}` is not KEY=VALUE"))
+}
+
 pub fn parse_format(s: &str) -> Result<MarkerFormat, String> {
     match s {
         "v1" => Ok(MarkerFormat::V1),
@@ -324,6 +338,11 @@ async fn ours(
     .max_batch(BATCH)
     .max_unsettled(UNSETTLED)
     .marker_format(OURS_FORMAT.get().copied().unwrap_or_default());
+    let config = OURS_SETTINGS
+        .get()
+        .into_iter()
+        .flatten()
+        .fold(config, |c, (k, v)| c.set(k, v));
     let started = Instant::now();
     let mut steady = Steady::new(target.load(Ordering::Relaxed));
     let mut c = RedeliveryConsumer::new(config).await?;

@@ -77,6 +77,9 @@ struct Args {
     /// writes its markers in it too.
     #[arg(long, default_value = "v2", value_parser = consumers::parse_format)]
     ours_format: kafka_redelivery::client::MarkerFormat,
+    /// A librdkafka setting for ours' client (repeatable), e.g. `--ours-set linger.ms=0`.
+    #[arg(long, value_name = "KEY=VALUE", value_parser = consumers::parse_setting)]
+    ours_set: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -571,6 +574,7 @@ fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
 async fn main() -> Result<(), Error> {
     let args = Args::parse();
     consumers::set_ours_format(args.ours_format);
+    consumers::set_ours_settings(args.ours_set.clone());
     kafka::set_settling(!args.quick);
     let plan = Plan::of(&args);
     if plan.runs(Part::Latency) && !plan.runs(Part::Throughput) && plan.offered.is_none() {

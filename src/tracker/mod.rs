@@ -14,7 +14,8 @@
 //!   and the restore thread.
 //! - [`inspect`]: the read-only view behind `/inspect`; [`metrics`]: every metric, and one
 //!   event type per thing the tracker reports (it logs and counts).
-//! - [`service`]: [`Tracker`], which wires them together and stops gracefully.
+//! - [`service`]: [`Tracker`], which wires them together and stops gracefully; `memory`
+//!   gives a replay's freed memory back to the system once it is over.
 
 pub(crate) mod core;
 pub(crate) mod markers;
@@ -24,6 +25,7 @@ pub(crate) mod snapshot;
 mod config;
 mod error;
 pub mod inspect;
+mod memory;
 pub mod metrics;
 mod readiness;
 pub mod service;

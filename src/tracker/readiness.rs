@@ -40,6 +40,11 @@ impl Readiness {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
+    /// Every change from now on.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
+        self.0.subscribe()
+    }
+
     pub(crate) fn set(&self, ready: bool) {
         self.0
             .send_if_modified(|r| std::mem::replace(r, ready) != ready);

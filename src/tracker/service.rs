@@ -15,6 +15,7 @@ use crate::tracker::core::fence::Fence;
 use crate::tracker::error::TrackerError;
 use crate::tracker::inspect::SharedView;
 use crate::tracker::markers::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
+use crate::tracker::memory;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::readiness::Readiness;
 use crate::tracker::redeliver::worker::Redeliverer;
@@ -98,6 +99,7 @@ impl Tracker {
         ]);
         tokio::select! {
             _ = shutdown => tracing::info!("stop requested; draining"),
+            () = memory::give_back_after_replays(self.ready.subscribe()) => {}
             r = &mut threads.consumer => {
                 // The loop only ends on its own when the worker is gone: say why it went.
                 joined("markers", r)?;

@@ -81,6 +81,13 @@ impl Profile {
             "200",
             "--nack-rate",
             "0.01",
+            // The client's retry policy: 100 ms after the first delivery, doubling, at most 2 s.
+            "--nack-backoff",
+            "exponential",
+            "--nack-delay",
+            "100ms",
+            "--nack-max-delay",
+            "2s",
             "--reject-rate",
             "0.002",
             "--log-received",

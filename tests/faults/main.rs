@@ -99,12 +99,6 @@ async fn faults_lose_nothing_on_a_cluster_ci_size() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "long: run with scripts/faults-long"]
 async fn faults_lose_nothing_long() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
     run(Size {
         messages: env("FAULTS_MESSAGES", 1_000_000) as usize,
         span: Duration::from_secs(env("FAULTS_SPAN_SECS", 1500)),
@@ -117,16 +111,11 @@ async fn faults_lose_nothing_long() {
 }
 
 /// `scripts/soak`: an hour at 5,000 records/s (`SOAK_SECS`, `SOAK_RATE` change it), a fault
-/// every 3 minutes, samples and plot into `SOAK_OUT` (default target/soak).
+/// every 3 minutes (`SOAK_FAULT_EVERY_SECS`; `SOAK_FAULTS` picks the kinds), samples and plot
+/// into `SOAK_OUT` (default target/soak).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "an hour: run with scripts/soak"]
 async fn soak_an_hour_at_a_fixed_load() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
     let out = std::env::var("SOAK_OUT")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("soak"));
@@ -136,6 +125,7 @@ async fn soak_an_hour_at_a_fixed_load() {
         span,
         fault_every: Duration::from_secs(env("SOAK_FAULT_EVERY_SECS", 180)),
         warm_up: (span / 6).min(Duration::from_secs(600)),
+        kinds: soak::kinds(std::env::var("SOAK_FAULTS").ok().as_deref()),
         out,
     })
     .await;
@@ -145,12 +135,6 @@ async fn soak_an_hour_at_a_fixed_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "long: run with scripts/faults-long --cluster"]
 async fn faults_lose_nothing_on_a_cluster_long() {
-    let env = |k: &str, d: u64| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
     run(Size {
         messages: env("FAULTS_MESSAGES", 1_000_000) as usize,
         span: Duration::from_secs(env("FAULTS_SPAN_SECS", 1500)),
@@ -162,6 +146,14 @@ async fn faults_lose_nothing_on_a_cluster_long() {
         },
     })
     .await;
+}
+
+/// The number in environment variable `name`, or `default` when it is unset or not a number.
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 async fn run(size: Size) {

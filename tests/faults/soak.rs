@@ -38,8 +38,40 @@ pub struct SoakSize {
     pub fault_every: Duration,
     /// Samples before this are left out of the slopes.
     pub warm_up: Duration,
+    /// The fault kinds, taken in turn.
+    pub kinds: Vec<FaultKind>,
     /// Where the samples (CSV) and the plot go.
     pub out: PathBuf,
+}
+
+/// The kinds a soak may inject, by the names `SOAK_FAULTS` takes.
+const KINDS: [(&str, FaultKind); 4] = [
+    ("worker-kill", FaultKind::WorkerKill),
+    ("worker-stop", FaultKind::WorkerStop),
+    ("tracker-kill", FaultKind::TrackerKill),
+    ("broker-restart", FaultKind::BrokerRestart),
+];
+
+/// The kinds `SOAK_FAULTS` names (comma-separated; `none` for a soak without faults), or all
+/// four in turn when it is unset. An unknown name fails the run rather than quietly soaking
+/// without the fault it asked for.
+pub fn kinds(names: Option<&str>) -> Vec<FaultKind> {
+    match names {
+        None => return KINDS.iter().map(|(_, k)| *k).collect(),
+        Some("none") => return Vec::new(),
+        Some(_) => {}
+    }
+    names
+        .unwrap_or_default()
+        .split(',')
+        .map(|n| {
+            KINDS
+                .iter()
+                .find(|(name, _)| *name == n.trim())
+                .map(|(_, k)| *k)
+                .unwrap_or_else(|| panic!("SOAK_FAULTS: unknown fault {n:?}; known: {KINDS:?}"))
+        })
+        .collect()
 }
 
 /// One sample of one process.
@@ -85,16 +117,11 @@ fn slope(points: &[(f64, f64)]) -> f64 {
 
 /// The faults: each kind in turn, never on worker slot 0 or tracker replica 0.
 fn plan(size: &SoakSize, workers: usize) -> Vec<Fault> {
-    let kinds = [
-        FaultKind::WorkerKill,
-        FaultKind::WorkerStop,
-        FaultKind::TrackerKill,
-        FaultKind::BrokerRestart,
-    ];
+    let kinds = &size.kinds;
     let mut faults = Vec::new();
     let mut at = size.fault_every;
     let mut n = 0;
-    while at < size.span {
+    while at < size.span && !kinds.is_empty() {
         let kind = kinds[n % kinds.len()];
         let target = match kind {
             FaultKind::TrackerKill => 1,
@@ -111,7 +138,8 @@ pub async fn soak(size: SoakSize) {
     std::fs::create_dir_all(&size.out).unwrap();
     let cluster = Cluster::private("soak");
     let t = cluster.topics(8, 4).await;
-    // 10 % nacked (retried 2 s later), 1 % rejected, handlers of 5 ms, nothing logged.
+    // 10 % nacked with the client's exponential back-off (1 s after the first delivery, then
+    // 2 s, 4 s ... at most 30 s, 20 % jitter), 1 % rejected, handlers of 5 ms, nothing logged.
     let profile = Profile {
         args: [
             "--process-time",
@@ -120,8 +148,12 @@ pub async fn soak(size: SoakSize) {
             "2000",
             "--nack-rate",
             "0.1",
+            "--nack-backoff",
+            "exponential",
             "--nack-delay",
-            "2s",
+            "1s",
+            "--nack-max-delay",
+            "30s",
             "--reject-rate",
             "0.01",
         ]
