@@ -3,8 +3,9 @@
 //! One of the two places this crate uses `unsafe` (the other is `tracker/memory.rs`), for a
 //! measured need: rdkafka 0.39 exposes header names only as `&str` and unwraps the UTF-8
 //! check (`CStr::to_str().unwrap()` in `BorrowedHeaders::try_get`), so a record whose header
-//! name is not UTF-8 panics the thread that reads it. Seen: the client's poll thread died on such a record and the partition never
-//! moved again. librdkafka itself stores names as bytes; these functions call it directly.
+//! name is not UTF-8 panics the thread that reads it. Seen: the client's poll thread died on
+//! such a record and the partition never moved again. librdkafka itself stores names as bytes;
+//! these functions call it directly.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_void, CStr};

@@ -13,8 +13,10 @@
 //!
 //! The cure is [`give_back`] (glibc's `malloc_trim(0)`, which releases the whole free pages of
 //! every arena), called when the tracker has just caught up and every [`TRIM_EVERY`] after
-//! that: a replay's memory goes back once the replay is over, and whatever a broker
-//! reconnection or a burst of redeliveries leaves is released within half a minute. A trim
+//! that: a replay's memory goes back once the replay is over, and what a burst of
+//! redeliveries frees goes back within half a minute. Pages only partly freed stay: in the
+//! second soak each broker restart still left a few MiB more resident with the live heap
+//! flat (RELIABILITY.md, "Soak"). A trim
 //! walks the free chunks and hands each free run of pages back: 25 ms for a 128 MiB arena cut
 //! into 2,048 runs (the unit test prints it), so it runs on a blocking thread, never on the
 //! markers or redelivery threads. With another C library the call is compiled out.
