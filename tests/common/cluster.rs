@@ -226,6 +226,26 @@ impl Cluster {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(".cache/kafka/run-{i}"))
     }
 
+    /// Copies the broker logs of a failed test's private broker or cluster to
+    /// `target/tmp/logs` before its data is deleted: a failure on a cluster is seldom
+    /// understood without the group coordinator's and the controller's side of it.
+    fn keep_broker_logs(&self) {
+        let run = self.run_dir();
+        let into = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("logs");
+        let name = self.instance.as_deref().unwrap_or_default();
+        let nodes = std::fs::read_dir(&run)
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for dir in nodes.iter().filter(|p| p.is_dir()).chain([&run]) {
+            let log = dir.join("server.log");
+            let node = dir.file_name().and_then(|n| n.to_str()).unwrap_or("broker");
+            let to = into.join(format!("{name}-{node}-server.log"));
+            if log.exists() && std::fs::copy(&log, &to).is_ok() {
+                eprintln!("broker log kept: {}", to.display());
+            }
+        }
+    }
+
     /// Settings for a client logging in as `user` on the secured broker.
     pub fn user_settings(&self, user: &str, password: &str) -> Vec<(String, String)> {
         let ca = self.run_dir().join("ca.pem");
@@ -481,6 +501,9 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         if self.instance.is_some() {
             let _ = self.script(&["stop"]);
+            if std::thread::panicking() {
+                self.keep_broker_logs();
+            }
             let _ = std::fs::remove_dir_all(self.run_dir());
             let addr = self.run_dir().with_file_name(format!(
                 "addr-{}",

@@ -49,12 +49,26 @@ fn signal(child: &Child, name: &str) {
 }
 
 /// Group settings for trackers: a killed replica leaves its group after 6 s (the broker's
-/// minimum) instead of librdkafka's default 45 s. Workers use the KIP-848 consumer protocol
-/// instead, whose incremental rebalances let the other workers go on while one is replaced;
-/// with the classic protocol, a fault every few seconds keeps the whole group rebalancing.
+/// minimum) instead of librdkafka's default 45 s.
 const FAST_GROUP: [&str; 4] = [
     "-X",
     "session.timeout.ms=6000",
+    "-X",
+    "heartbeat.interval.ms=1000",
+];
+
+/// Group settings for workers: the classic protocol with cooperative (incremental)
+/// rebalances, so the other workers go on while one is replaced, and a killed worker's
+/// partitions move on after 10 s. Not KIP-848's `group.protocol=consumer`: with librdkafka
+/// 2.12.1, a member whose group coordinator stops answering for a few seconds during a
+/// rebalance can stay behind its target epoch for good, and the partitions it was to give up
+/// or take stay unowned (RELIABILITY.md, "KIP-848 stalls"; `scripts/group-stall` shows it
+/// with plain consumers).
+const COOPERATIVE_GROUP: [&str; 6] = [
+    "-X",
+    "partition.assignment.strategy=cooperative-sticky",
+    "-X",
+    "session.timeout.ms=10000",
     "-X",
     "heartbeat.interval.ms=1000",
 ];
@@ -174,7 +188,7 @@ impl<'a> Fleet<'a> {
         command
             .args(["--timeout", &format!("{WORKER_TIMEOUT_MS}ms")])
             .args(&self.profile.args)
-            .args(["-X", "group.protocol=consumer"]);
+            .args(COOPERATIVE_GROUP);
         let child = self
             .placed(false, slot, command)
             .stdout(out)
