@@ -20,12 +20,62 @@ use super::Error;
 pub struct TrackerProcess {
     child: Child,
     admin: String,
+    log: TrackerLog,
 }
 
 impl Drop for TrackerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        self.log.finish();
+    }
+}
+
+/// Where a tracker's log goes: always a file, so that a tracker that never became ready can
+/// say why (its stderr at `warn` once said nothing at all). Its warnings and errors are copied
+/// to the suite's stderr when it ends; the file is removed unless `BENCH_TRACKER_LOGS=DIR`
+/// asked to keep it (at debug level, for profiling a run).
+struct TrackerLog {
+    path: std::path::PathBuf,
+    keep: bool,
+}
+
+impl TrackerLog {
+    fn create(group: &str) -> Result<(Self, std::fs::File, &'static str), Error> {
+        let (dir, keep, filter) = match std::env::var_os("BENCH_TRACKER_LOGS") {
+            Some(dir) => (dir.into(), true, "info,kafka_redelivery=debug"),
+            None => (
+                std::env::temp_dir().join("bench-tracker-logs"),
+                false,
+                "info,rdkafka=info",
+            ),
+        };
+        std::fs::create_dir_all(&dir)?;
+        let path = std::path::Path::new(&dir).join(format!("{group}.log"));
+        let file = std::fs::File::create(&path)?;
+        Ok((Self { path, keep }, file, filter))
+    }
+
+    fn text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap_or_default()
+    }
+
+    /// The last `n` lines, for an error message.
+    fn tail(&self, n: usize) -> String {
+        let text = self.text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    fn finish(&mut self) {
+        for line in self.text().lines() {
+            if line.contains(" WARN ") || line.contains(" ERROR ") {
+                eprintln!("{line}");
+            }
+        }
+        if !self.keep {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -45,13 +95,7 @@ impl TrackerProcess {
         extra: &[&str],
     ) -> Result<(Self, Duration), Error> {
         let admin = AdminAddr::new_in(&std::env::temp_dir().join("bench-admin"))?;
-        // BENCH_TRACKER_LOGS=DIR keeps each tracker's debug log there (for profiling a run).
-        let log = match std::env::var_os("BENCH_TRACKER_LOGS") {
-            Some(dir) => Some(std::fs::File::create(
-                std::path::Path::new(&dir).join(format!("{group}.log")),
-            )?),
-            None => None,
-        };
+        let (mut log, file, filter) = TrackerLog::create(group)?;
         let started = Instant::now();
         let mut child = Command::new(redelivery_testkit::bins::binary("redelivery-tracker")?)
             .args(["run", "--brokers", brokers, "--markers-topic", markers])
@@ -59,32 +103,35 @@ impl TrackerProcess {
             .args(admin.args())
             .args(["--commit-interval", "1s", "--max-deliveries", "100"])
             .args(extra)
-            .env(
-                "RUST_LOG",
-                if log.is_some() {
-                    "info,kafka_redelivery=debug"
-                } else {
-                    "warn"
-                },
-            )
+            .env("RUST_LOG", filter)
             .stdout(Stdio::null())
-            // Warnings and errors go where the suite's own stderr goes.
-            .stderr(log.map_or_else(Stdio::inherit, Stdio::from))
+            .stderr(file)
             .spawn()?;
         let limit = Duration::from_secs(600);
-        let ready = admin
-            .wait(Some(&mut child), limit)
-            .map(str::to_string)
-            .and_then(|a| wait_ready(&a, Some(&mut child), limit).map(|()| a));
-        let admin = match ready {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(e);
-            }
-        };
-        let t = TrackerProcess { child, admin };
+        let addr = admin.wait(Some(&mut child), limit).map(str::to_string);
+        let ready = addr
+            .as_ref()
+            .map_err(|e| e.to_string())
+            .and_then(|a| wait_ready(a, Some(&mut child), limit).map_err(|e| e.to_string()));
+        if let Err(e) = ready {
+            // What it held and what it said, before it is killed.
+            let inspect = addr
+                .ok()
+                .and_then(|a| http_get(&a, "/inspect"))
+                .map_or_else(|| "(no answer)".to_string(), |r| r.1);
+            let _ = child.kill();
+            let _ = child.wait();
+            let message = format!(
+                "{e}\n/inspect: {inspect}\nthe last lines of its log ({}):\n{}",
+                log.path.display(),
+                log.tail(40)
+            );
+            log.keep = true;
+            log.finish();
+            return Err(message.into());
+        }
+        let admin = addr?;
+        let t = TrackerProcess { child, admin, log };
         Ok((t, started.elapsed()))
     }
 
