@@ -27,6 +27,8 @@ pub const EX_NOPERM: u8 = 77;
 /// Parses the arguments and runs the command. Bad arguments print one line naming the flag and
 /// exit with [`EX_USAGE`].
 pub fn main() -> ExitCode {
+    // Before any thread: glibc's arenas once made are never merged (tracker/memory.rs).
+    crate::tracker::memory::limit_arenas();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

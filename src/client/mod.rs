@@ -151,6 +151,7 @@ impl RedeliveryConsumer {
             stop: stop.clone(),
             held: Default::default(),
             resuming: Default::default(),
+            revoked: Default::default(),
         };
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {

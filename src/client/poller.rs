@@ -5,11 +5,18 @@
 //! 2. wait until every Start is acknowledged;
 //! 3. commit, per source partition, only up to the first record whose Start failed, and seek
 //!    back to that record so it is polled again;
-//! 4. hand the records with durable Starts to the application.
+//! 4. hand the records with durable Starts to the application; if the group refused the
+//!    commit because it moved on without this member's generation (a rebalance), hand out
+//!    nothing and seek back instead, so that the batch is delivered once, here or by the
+//!    partitions' next owner.
 //!
 //! Up to `PIPELINE_DEPTH` batches are between steps 1 and 4 at once (the next batch's Starts
 //! travel while the oldest batch waits for its own); batches are finished strictly in the order
 //! they were polled, so each batch's steps 2–4 still happen in that order.
+//!
+//! A partition revoked while a batch is in flight is left out of that batch: none of its
+//! records is handed out or committed, because its next owner reads them again from the
+//! committed offset (see `without_revoked`).
 //!
 //! If the seek back fails, the partition is *held*: nothing of it from that record on is handed
 //! out or committed, and the seek is retried on every turn of the loop until it succeeds (or
@@ -31,6 +38,7 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
@@ -77,6 +85,9 @@ pub(crate) struct Poller {
     /// Partitions assigned or sought whose first record is not checked yet: where they
     /// resume is checked ([`crate::resume`]). Empty but for a moment after a rebalance.
     pub(crate) resuming: RefCell<Vec<(String, i32, ResumeCheck)>>,
+    /// Partitions a rebalance took away since the batches in flight were last told (see
+    /// [`InFlight::revoked`]).
+    pub(crate) revoked: RefCell<Vec<(String, i32)>>,
 }
 
 /// Batches whose Starts are on their way, at most this many at once: while the oldest waits
@@ -96,6 +107,10 @@ struct InFlight {
     /// Start failed there and the consumer seeked back): they will be polled again, so this
     /// batch must neither hand them out nor commit past them.
     rewound: Vec<(String, i32, i64)>,
+    /// Partitions taken away by a rebalance after this batch was polled. Their records are
+    /// neither handed out nor committed: the partition's next owner reads them again from the
+    /// committed offset, so handing them out here as well would deliver each twice.
+    revoked: Vec<(String, i32)>,
 }
 
 impl Poller {
@@ -176,6 +191,14 @@ impl Poller {
             (true, false) => Duration::from_millis(100),
         };
         let batch = self.poll_batch(limit, wait);
+        // Every batch already in flight was polled before the partitions just revoked were
+        // taken away (the new batch was sorted out as it was polled, see `poll_batch`).
+        let revoked = std::mem::take(&mut *self.revoked.borrow_mut());
+        if !revoked.is_empty() {
+            for b in pipeline.iter_mut() {
+                b.revoked.extend(revoked.iter().cloned());
+            }
+        }
         // After every poll, not only an empty one: the other partitions' records may keep
         // the polls full while one partition gets nothing.
         if !paused {
@@ -234,7 +257,11 @@ impl Poller {
         let mut timeout = wait;
         while batch.len() < limit {
             let polled = self.consumer.poll(timeout);
-            self.note_rebalance();
+            let revoked = self.note_rebalance();
+            if !revoked.is_empty() {
+                // Polled before the revocation, no Start sent yet: the next owner reads them.
+                batch.retain(|p: &Polled| !in_partitions(&revoked, &p.source));
+            }
             match polled {
                 None => break,
                 Some(Ok(m)) if self.resume_skips(&m) => {}
@@ -249,12 +276,16 @@ impl Poller {
         batch
     }
 
-    /// Takes the partitions a rebalance assigned (their resume is to be checked) and let go.
-    fn note_rebalance(&self) {
+    /// Takes the partitions a rebalance assigned (their resume is to be checked) and let go;
+    /// returns those let go, which are also kept for the batches in flight.
+    fn note_rebalance(&self) -> Vec<(String, i32)> {
         let changes = self.consumer.context().take();
         if changes.assigned.is_empty() && changes.revoked.is_empty() {
-            return;
+            return Vec::new();
         }
+        self.revoked
+            .borrow_mut()
+            .extend(changes.revoked.iter().cloned());
         let mut resuming = self.resuming.borrow_mut();
         resuming.retain(|(t, p, _)| {
             !changes
@@ -268,6 +299,7 @@ impl Poller {
         for (topic, partition, at) in committed_many(&self.consumer, &changes.assigned) {
             resuming.push((topic, partition, ResumeCheck::at(at)));
         }
+        changes.revoked
     }
 
     /// Whether `m` is to be dropped while its partition's resume is checked (it comes before
@@ -393,6 +425,7 @@ impl Poller {
             batch,
             starts: Box::pin(starts),
             rewound: Vec::new(),
+            revoked: Vec::new(),
         }
     }
 
@@ -400,7 +433,21 @@ impl Poller {
     /// Returns false if some Start failed.
     fn finish(&self, done: InFlight, durable: Vec<bool>, later: &mut VecDeque<InFlight>) -> bool {
         failpoint::hit("after-start-durable");
-        let InFlight { batch, rewound, .. } = done;
+        let InFlight {
+            batch,
+            rewound,
+            revoked,
+            ..
+        } = done;
+        let (batch, durable, released) = without_revoked(batch, durable, &revoked);
+        if released > 0 {
+            tracing::info!(
+                records = released,
+                partitions = ?revoked,
+                "records of partitions revoked while their Starts were in flight: not handed \
+                 out or committed; their next owner reads them again"
+            );
+        }
         let (batch, durable): (Vec<Polled>, Vec<bool>) = batch
             .into_iter()
             .zip(durable)
@@ -414,17 +461,30 @@ impl Poller {
                 offset,
                 "Start marker not durable; not committing past it and polling it again"
             );
-            if !self.seek_back(topic, *partition, *offset) {
-                let mut held = self.held.borrow_mut();
-                let at = held.entry((topic.clone(), *partition)).or_insert(*offset);
-                *at = (*at).min(*offset);
-            }
-            // Batches polled before the seek hold records past it: those come again.
-            for b in later.iter_mut() {
-                b.rewound.push((topic.clone(), *partition, *offset));
-            }
+            self.rewind(topic, *partition, *offset, later);
         }
-        self.commit(&handed);
+        if let Err(e) = self.commit(&handed) {
+            if moved_by_rebalance(&e) {
+                // The group moved on without this member's generation: its partitions may
+                // go to another worker, which reads from the committed offset. Handed out
+                // here too, the batch would be delivered twice; polled again instead, it is
+                // delivered here if the partitions stay, and there if they move.
+                let firsts = first_offsets(&handed);
+                tracing::info!(
+                    error = %e,
+                    records = handed.len(),
+                    "commit refused by a rebalance; not handing the batch out, polling it again"
+                );
+                for ((topic, partition), offset) in firsts {
+                    self.rewind(&topic, partition, offset, later);
+                }
+                // No back-off: the next poll is what lets the rebalance finish.
+                return true;
+            }
+            // The Starts are durable, so handing over is still safe: at worst the batch is
+            // polled again after a rebalance and delivered twice.
+            tracing::warn!(error = %e, "commit of source offsets failed");
+        }
         failpoint::hit("after-commit");
         // The batch goes over as one message: a send per record (and the wake-up of the
         // receiving task each can cost) showed in the profile.
@@ -440,6 +500,20 @@ impl Poller {
             let _ = self.out.blocking_send(deliveries);
         }
         failed.is_empty()
+    }
+
+    /// Makes `topic`/`partition` come again from `offset`: seeks back (or holds the partition
+    /// if the seek fails), and tells the batches polled after this one (`later`), whose
+    /// records past the offset will come again.
+    fn rewind(&self, topic: &str, partition: i32, offset: i64, later: &mut VecDeque<InFlight>) {
+        if !self.seek_back(topic, partition, offset) {
+            let mut held = self.held.borrow_mut();
+            let at = held.entry((topic.to_string(), partition)).or_insert(offset);
+            *at = (*at).min(offset);
+        }
+        for b in later.iter_mut() {
+            b.rewound.push((topic.to_string(), partition, offset));
+        }
     }
 
     /// Seeks `topic`/`partition` back to `offset`; false (logged) if that failed.
@@ -512,7 +586,7 @@ impl Poller {
         }
     }
 
-    fn commit(&self, handed: &[Polled]) {
+    fn commit(&self, handed: &[Polled]) -> KafkaResult<()> {
         let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
         for p in handed {
             let e = next
@@ -525,17 +599,13 @@ impl Poller {
             let _ = tpl.add_partition_offset(topic, partition, Offset::Offset(offset));
         }
         if tpl.count() == 0 {
-            return;
+            return Ok(());
         }
         // Synchronous, so that a batch handed out is committed: a crash after this point leaves
         // the batch to the tracker and it is not polled again (tests/crash_points.rs,
         // `after-commit`). An asynchronous commit was measured to gain nothing once fetching
         // no longer paused (BENCHMARKS.md), and a crash right after it re-polled the batch.
-        if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
-            // The Starts are durable, so handing over is still safe: at worst the batch is
-            // polled again after a rebalance and delivered twice.
-            tracing::warn!(error = %e, "commit of source offsets failed");
-        }
+        self.consumer.commit(&tpl, CommitMode::Sync)
     }
 
     fn delivery(&self, p: Polled) -> Delivery {
@@ -614,6 +684,70 @@ fn start_batches(batch: &[Polled], default: Duration) -> Vec<(Vec<usize>, Marker
         .into_iter()
         .map(|(records, b)| (records, Marker::StartBatch(Box::new(b))))
         .collect()
+}
+
+/// Takes out of `batch` (with its per-record `durable` flags) the records of partitions
+/// revoked while it was in flight; returns what is left and how many were taken out. Nothing
+/// of those is committed or handed out: the partition's next owner reads them again, and its
+/// Starts take over the ones written here (the tracker keeps one delivery per record, and a
+/// second Start refreshes it). No End is written for them: an End names only the record, so
+/// one arriving after the next owner's Start would end that owner's delivery, and a crash of
+/// that owner would then lose the record. If the next owner is slower than the timeout, the
+/// tracker redelivers: a duplicate at worst.
+fn without_revoked(
+    batch: Vec<Polled>,
+    durable: Vec<bool>,
+    revoked: &[(String, i32)],
+) -> (Vec<Polled>, Vec<bool>, usize) {
+    if revoked.is_empty() {
+        return (batch, durable, 0);
+    }
+    let before = batch.len();
+    let (batch, durable): (Vec<Polled>, Vec<bool>) = batch
+        .into_iter()
+        .zip(durable)
+        .filter(|(p, _)| !in_partitions(revoked, &p.source))
+        .unzip();
+    let released = before - batch.len();
+    (batch, durable, released)
+}
+
+/// Whether a failed commit means the group has moved on without this member's generation
+/// (a rebalance under way, or the member fenced or forgotten), so that its partitions may be
+/// handed to another worker, rather than that the coordinator could not be reached.
+fn moved_by_rebalance(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::IllegalGeneration
+                | C::UnknownMemberId
+                | C::RebalanceInProgress
+                | C::FencedInstanceId
+                | C::StaleMemberEpoch
+                | C::FencedMemberEpoch
+                | C::AssignmentLost
+        )
+    )
+}
+
+/// The first (lowest) offset of each source partition in `batch`.
+fn first_offsets(batch: &[Polled]) -> BTreeMap<(String, i32), i64> {
+    let mut firsts = BTreeMap::new();
+    for p in batch {
+        let e = firsts
+            .entry((p.source.topic.clone(), p.source.partition))
+            .or_insert(p.source.offset);
+        *e = (*e).min(p.source.offset);
+    }
+    firsts
+}
+
+/// Whether `s` lies in one of `partitions`.
+fn in_partitions(partitions: &[(String, i32)], s: &SourceRef) -> bool {
+    partitions
+        .iter()
+        .any(|(t, p)| *p == s.partition && *t == s.topic)
 }
 
 fn is_rewound(rewound: &[(String, i32, i64)], s: &SourceRef) -> bool {
@@ -756,6 +890,18 @@ mod tests {
             vec![("a".into(), 0, 10), ("a".into(), 1, 5), ("b".into(), 0, 1)]
         );
         assert_eq!(failed, vec![("a".into(), 0, 11), ("a".into(), 1, 6)]);
+    }
+
+    #[test]
+    fn records_of_a_revoked_partition_are_taken_out_of_a_batch_in_flight() {
+        let batch = vec![polled("a", 0, 1), polled("a", 1, 1), polled("b", 0, 2)];
+        let revoked = vec![("a".to_string(), 0), ("c".to_string(), 3)];
+        let (kept, durable, released) = without_revoked(batch, vec![true, false, true], &revoked);
+        assert_eq!(coords(&kept), [("a".into(), 1, 1), ("b".into(), 0, 2)]);
+        assert_eq!(durable, [false, true], "each record keeps its own flag");
+        assert_eq!(released, 1);
+        let (kept, _, released) = without_revoked(kept, durable, &[]);
+        assert_eq!((kept.len(), released), (2, 0));
     }
 
     #[test]

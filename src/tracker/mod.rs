@@ -25,7 +25,7 @@ pub(crate) mod snapshot;
 mod config;
 mod error;
 pub mod inspect;
-mod memory;
+pub(crate) mod memory;
 pub mod metrics;
 mod readiness;
 pub mod service;

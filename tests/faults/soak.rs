@@ -11,7 +11,7 @@
 //! their very first record in `kr-original-*`) have an End in the markers topic: a redelivered
 //! delivery is ended by the tracker once its copy is durable, the last one by its worker.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -472,6 +472,20 @@ pub fn scan(cluster: &Cluster, topic: &str, mut f: impl FnMut(&BorrowedMessage<'
     assert!(ends.is_empty(), "{topic} could not be read to its end");
 }
 
+/// The least value of `points` (seconds, value) in each window of `window` seconds, at the
+/// window's start; windows without a point are left out.
+fn floors(points: &[(f64, f64)], window: f64) -> Vec<(f64, f64)> {
+    let mut lows: BTreeMap<u64, f64> = BTreeMap::new();
+    for (at, v) in points {
+        let w = (at / window.max(1.0)) as u64;
+        let low = lows.entry(w).or_insert(*v);
+        *low = low.min(*v);
+    }
+    lows.into_iter()
+        .map(|(w, v)| (w as f64 * window, v))
+        .collect()
+}
+
 /// Prints the slopes after the warm-up and plots every series.
 fn report(size: &SoakSize, samples: &[(f64, Usage, Usage)]) {
     // The slopes cover the load after the warm-up; the drain that follows has no load.
@@ -509,6 +523,23 @@ fn report(size: &SoakSize, samples: &[(f64, Usage, Usage)]) {
             after.len(),
             size.warm_up
         );
+        // Replays after faults make peaks that the trim takes back within half a minute; the
+        // level memory comes back to between two faults is what says whether anything stays.
+        let points: Vec<(f64, f64)> = after
+            .iter()
+            .map(|(at, a, b)| (*at, mib(if tracker { a } else { b })))
+            .collect();
+        let lows = floors(&points, size.fault_every.as_secs_f64());
+        if let (Some(first), Some(last)) = (lows.first(), lows.last()) {
+            let per_hour: Vec<(f64, f64)> = lows.iter().map(|(t, v)| (t / 3600.0, *v)).collect();
+            println!(
+                "soak: {name}: least resident between two faults {:.1} MiB in the first window, {:.1} in the last, slope {:+.2} MiB/h ({} windows)",
+                first.1,
+                last.1,
+                slope(&per_hour),
+                lows.len()
+            );
+        }
     }
     if let Err(e) = plot(&size.out.join("soak.png"), samples, warm) {
         println!("soak: no plot: {e}");
@@ -605,4 +636,27 @@ fn plot(
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_of_each_window_shows_growth_that_the_peaks_hide() {
+        // Peaks after each fault, and a level that does not move: flat floors.
+        let flat: Vec<(f64, f64)> = (0..60)
+            .map(|i| (i as f64 * 10.0, if i % 5 == 1 { 70.0 } else { 20.0 }))
+            .collect();
+        let lows = floors(&flat, 50.0);
+        assert_eq!(lows.len(), 12);
+        assert!(lows.iter().all(|(_, v)| *v == 20.0));
+        assert_eq!(lows[1].0, 50.0, "at the window's start");
+        // A level that rises by 2 each window: the floors' slope says so.
+        let rising: Vec<(f64, f64)> = (0..60)
+            .map(|i| (i as f64 * 10.0, 20.0 + 2.0 * (i / 5) as f64))
+            .collect();
+        let lows = floors(&rising, 50.0);
+        assert!((slope(&lows) - 2.0 / 50.0).abs() < 1e-9);
+    }
 }
