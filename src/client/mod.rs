@@ -152,6 +152,7 @@ impl RedeliveryConsumer {
             held: Default::default(),
             resuming: Default::default(),
             revoked: Default::default(),
+            refused_since: Default::default(),
         };
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {

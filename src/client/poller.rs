@@ -8,7 +8,7 @@
 //! 4. hand the records with durable Starts to the application; if the group refused the
 //!    commit because it moved on without this member's generation (a rebalance), hand out
 //!    nothing and seek back instead, so that the batch is delivered once, here or by the
-//!    partitions' next owner.
+//!    partitions' next owner (for up to `REFUSED_GRACE`; then as after any failed commit).
 //!
 //! Up to `PIPELINE_DEPTH` batches are between steps 1 and 4 at once (the next batch's Starts
 //! travel while the oldest batch waits for its own); batches are finished strictly in the order
@@ -88,12 +88,19 @@ pub(crate) struct Poller {
     /// Partitions a rebalance took away since the batches in flight were last told (see
     /// [`InFlight::revoked`]).
     pub(crate) revoked: RefCell<Vec<(String, i32)>>,
+    /// Since when commits have been refused by a rebalance without a success in between.
+    pub(crate) refused_since: std::cell::Cell<Option<Instant>>,
 }
 
 /// Batches whose Starts are on their way, at most this many at once: while the oldest waits
 /// for its Starts to become durable, the next one is polled and its Starts sent, so the round
 /// trip to the broker overlaps with useful work instead of idling the poll thread.
 const PIPELINE_DEPTH: usize = 2;
+
+/// How long commits refused by a rebalance make the poll thread poll their batches again
+/// rather than hand them out. A rebalance normally ends within seconds; past this, batches
+/// are handed out uncommitted, as for any other failed commit.
+const REFUSED_GRACE: Duration = Duration::from_secs(10);
 
 /// How long the application may hold every allowed delivery before fetching pauses.
 const PAUSE_AFTER: Duration = Duration::from_millis(250);
@@ -463,8 +470,20 @@ impl Poller {
             );
             self.rewind(topic, *partition, *offset, later);
         }
-        if let Err(e) = self.commit(&handed) {
-            if moved_by_rebalance(&e) {
+        let committed = self.commit(&handed);
+        let refused_for = match &committed {
+            Err(e) if moved_by_rebalance(e) => {
+                let since = self.refused_since.get().unwrap_or_else(Instant::now);
+                self.refused_since.set(Some(since));
+                since.elapsed()
+            }
+            _ => {
+                self.refused_since.set(None);
+                Duration::ZERO
+            }
+        };
+        if let Err(e) = committed {
+            if moved_by_rebalance(&e) && refused_for < REFUSED_GRACE {
                 // The group moved on without this member's generation: its partitions may
                 // go to another worker, which reads from the committed offset. Handed out
                 // here too, the batch would be delivered twice; polled again instead, it is
@@ -482,7 +501,9 @@ impl Poller {
                 return true;
             }
             // The Starts are durable, so handing over is still safe: at worst the batch is
-            // polled again after a rebalance and delivered twice.
+            // polled again after a rebalance and delivered twice. A group that goes on
+            // refusing (a member stuck behind its group) is served so too after the grace:
+            // polling again would refresh the Starts for ever and deliver nothing.
             tracing::warn!(error = %e, "commit of source offsets failed");
         }
         failpoint::hit("after-commit");
