@@ -69,7 +69,8 @@ impl TrackerLog {
 
     fn finish(&mut self) {
         for line in self.text().lines() {
-            if line.contains(" WARN ") || line.contains(" ERROR ") {
+            // The level as tracing writes it, with or without colours.
+            if line.contains("WARN") || line.contains("ERROR") {
                 eprintln!("{line}");
             }
         }
@@ -104,6 +105,7 @@ impl TrackerProcess {
             .args(["--commit-interval", "1s", "--max-deliveries", "100"])
             .args(extra)
             .env("RUST_LOG", filter)
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(file)
             .spawn()?;
