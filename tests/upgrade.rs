@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use rdkafka::message::Message;
-use rdkafka::producer::FutureRecord;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_and_v2_workers_share_one_tracker_and_lose_nothing() {
@@ -65,13 +64,13 @@ async fn v1_and_v2_workers_share_one_tracker_and_lose_nothing() {
             Instant::now() < deadline,
             "both workers must have worked within 60 s: {acks_by_format:?}"
         );
-        produce_range(&t.source, "u", produced, produced + 20).await;
+        produce_range(&t.source, 4, "u", produced..produced + 20).await;
         produced += 20;
         tokio::time::sleep(Duration::from_millis(500)).await;
         drain(&mut acked, &mut acks_by_format);
     }
     if produced < n {
-        produce_range(&t.source, "u", produced, n).await;
+        produce_range(&t.source, 4, "u", produced..n).await;
         produced = n;
     }
     let n = produced;
@@ -105,22 +104,4 @@ async fn v1_and_v2_workers_share_one_tracker_and_lose_nothing() {
     assert_eq!(tracker.metric_sum("redelivery_marker_errors_total"), 0.0);
     drop(workers);
     tracker.stop().await;
-}
-
-/// Produces keys `prefix-from` .. `prefix-(to - 1)` round-robin over the 4 source partitions.
-async fn produce_range(topic: &str, prefix: &str, from: usize, to: usize) {
-    let p = producer();
-    for i in from..to {
-        let key = format!("{prefix}-{i}");
-        p.send(
-            FutureRecord::to(topic)
-                .key(&key)
-                .payload(key.as_bytes())
-                .partition((i % 4) as i32),
-            Duration::from_secs(10),
-        )
-        .await
-        .map_err(|(e, _)| e)
-        .unwrap();
-    }
 }

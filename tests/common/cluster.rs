@@ -367,8 +367,20 @@ impl Cluster {
 
     /// Produces `n` records keyed `{prefix}-{i}` round-robin over `partitions`.
     pub async fn produce_many(&self, topic: &str, partitions: i32, prefix: &str, n: usize) {
+        self.produce_range(topic, partitions, prefix, 0..n).await
+    }
+
+    /// Like [`Self::produce_many`] for the keys `prefix-i`, `i` in `range` (record `i` goes to
+    /// partition `i % partitions`), so a test can produce in waves.
+    pub async fn produce_range(
+        &self,
+        topic: &str,
+        partitions: i32,
+        prefix: &str,
+        range: std::ops::Range<usize>,
+    ) {
         let p = self.producer();
-        let futures = (0..n).map(|i| {
+        let futures = range.map(|i| {
             let key = format!("{prefix}-{i}");
             let p = &p;
             async move {

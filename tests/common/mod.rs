@@ -101,6 +101,19 @@ pub async fn produce_many(topic: &str, partitions: i32, prefix: &str, n: usize) 
         .await
 }
 
+/// Produces the keys `prefix-i`, `i` in `range`, on the shared broker (see
+/// [`Cluster::produce_range`]).
+pub async fn produce_range(
+    topic: &str,
+    partitions: i32,
+    prefix: &str,
+    range: std::ops::Range<usize>,
+) {
+    Cluster::shared()
+        .produce_range(topic, partitions, prefix, range)
+        .await
+}
+
 /// Reads `topic` from the start until `n` records arrived or `timeout` passed.
 pub fn read(topic: &str, n: usize, timeout: Duration) -> Vec<OwnedMessage> {
     Cluster::shared().read(topic, n, timeout)
