@@ -153,7 +153,8 @@ fn cpu_times() -> Option<(u64, u64)> {
     Some((fields.iter().sum(), idle))
 }
 
-fn producer(brokers: &str) -> Result<FutureProducer, Error> {
+/// The producer the suite writes source records with.
+pub fn producer(brokers: &str) -> Result<FutureProducer, Error> {
     Ok(client(brokers)
         .set("linger.ms", "5")
         .set("enable.idempotence", "true")
@@ -162,7 +163,16 @@ fn producer(brokers: &str) -> Result<FutureProducer, Error> {
 
 /// Writes `n` records of `size` bytes round-robin over the partitions, as fast as possible.
 pub async fn preload(brokers: &str, topic: &str, n: usize, size: usize) -> Result<(), Error> {
-    let p = producer(brokers)?;
+    preload_with(&producer(brokers)?, topic, n, size).await
+}
+
+/// [`preload`] with a producer of the caller's.
+pub async fn preload_with(
+    p: &FutureProducer,
+    topic: &str,
+    n: usize,
+    size: usize,
+) -> Result<(), Error> {
     let payload = vec![b'x'; size];
     for chunk in (0..n).collect::<Vec<_>>().chunks(10_000) {
         let sends: Vec<_> = chunk
@@ -186,15 +196,17 @@ pub async fn preload(brokers: &str, topic: &str, n: usize, size: usize) -> Resul
 }
 
 /// Produces `rate` records per second of `size` bytes for `span`, in steps of 10 ms. Each
-/// record's timestamp is its creation time, from which consumers measure latency.
+/// record's timestamp is its creation time, from which consumers measure latency, so `p`
+/// should have written to every partition of `topic` already: a new producer's first records
+/// wait for its producer id, metadata and connections (about half a second on the test broker,
+/// in about half the runs), and that wait would count as the consumer's.
 pub async fn offer(
-    brokers: &str,
+    p: &FutureProducer,
     topic: &str,
     rate: f64,
     span: Duration,
     size: usize,
 ) -> Result<usize, Error> {
-    let p = producer(brokers)?;
     let payload = vec![b'x'; size];
     let started = Instant::now();
     let mut sent = 0usize;

@@ -329,27 +329,50 @@ async fn latency_run(
             async move { consume(kind, &b, &topics, target, seen, limit, unsettled).await },
         )
     };
-    // One record first, so the group has formed before the timed load starts.
-    kafka::preload(brokers, &source, 1, size).await?;
+    // One record per partition first, from the producer that then offers the load, so the
+    // group has formed and the producer is connected before the timed load starts.
+    let producer = kafka::producer(brokers)?;
+    let warm_up = kafka::PARTITIONS as usize;
+    kafka::preload_with(&producer, &source, warm_up, size).await?;
     let waited = std::time::Instant::now();
-    while seen.load(Ordering::Relaxed) == 0 {
+    while seen.load(Ordering::Relaxed) < warm_up {
         if waited.elapsed() > Duration::from_secs(120) {
             return Err(format!("{}: the warm-up record never arrived", kind.name()).into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let sent = kafka::offer(brokers, &source, rate, span, size).await?;
+    let sent = kafka::offer(&producer, &source, rate, span, size).await?;
     eprintln!(
         "  {}: offered {sent} in {span:?}; waiting for the consumer",
         kind.name()
     );
-    target.store(sent + 1, Ordering::Relaxed);
+    target.store(sent + warm_up, Ordering::Relaxed);
     let got = consumer.await??;
-    if got.received < sent + 1 {
-        return Err(format!("{} received {} of {}", kind.name(), got.received, sent + 1).into());
+    if got.received < sent + warm_up {
+        return Err(format!(
+            "{} received {} of {}",
+            kind.name(),
+            got.received,
+            sent + warm_up
+        )
+        .into());
+    }
+    // `BENCH_LATENCIES=DIR` keeps each run's latencies, warm-up first, in the order the
+    // records were handed out: where in a run the slow ones fall (BENCHMARKS.md, 2026-12-02).
+    if let Some(dir) = std::env::var_os("BENCH_LATENCIES") {
+        let text: String = got.latencies_ms.iter().map(|l| format!("{l}\n")).collect();
+        let file = std::path::Path::new(&dir).join(format!(
+            "{}-{}-{}",
+            kind.name(),
+            size,
+            kafka::unique("run")
+        ));
+        if let Err(e) = std::fs::write(&file, text) {
+            eprintln!("  could not keep the latencies in {}: {e}", file.display());
+        }
     }
     let run = LatencyRun {
-        latencies_ms: got.latencies_ms.into_iter().skip(1).collect(),
+        latencies_ms: got.latencies_ms.into_iter().skip(warm_up).collect(),
         tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
     };
     if let Some(t) = tracker {
