@@ -14,6 +14,21 @@ pub(crate) const DURABLE_PRODUCER: [(&str, &str); 5] = [
     ("compression.type", "none"),
 ];
 
+/// Settings of the client's producer for Start markers: [`DURABLE_PRODUCER`] without the
+/// linger. A batch is handed to the application only once its Starts are durable, so any time
+/// a Start waits in librdkafka's queue is added to every record's handout; the poll thread
+/// already writes a batch's Starts together. Settlements keep the linger: nobody waits for
+/// them but the application's `ack()`, and their coalescing window wants company.
+pub(crate) fn start_producer() -> Vec<(&'static str, &'static str)> {
+    let mut settings = DURABLE_PRODUCER.to_vec();
+    for (key, value) in &mut settings {
+        if *key == "linger.ms" {
+            *value = "0";
+        }
+    }
+    settings
+}
+
 /// Fetch pacing for consumers that read a backlog as fast as they can (the client's source
 /// consumer, the tracker's markers consumer). librdkafka stops fetching a partition once its
 /// local queue holds `queued.min.messages` (or `queued.max.messages.kbytes`) and then waits

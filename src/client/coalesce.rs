@@ -61,7 +61,8 @@ impl Op {
 
 /// Settlements of one source partition waiting for the window to close.
 struct Gathered {
-    topic: String,
+    /// The poll thread's own name for the topic, so the usual match is a pointer compare.
+    topic: Arc<str>,
     partition: i32,
     ends: Vec<i64>,
     settle: Settle,
@@ -148,7 +149,9 @@ impl Coalescer {
         }
         let max = self.max_records;
         let at = p.gathered.iter().position(|g| {
-            g.partition == source.partition && !g.is_full(max) && g.topic == source.topic
+            g.partition == source.partition
+                && !g.is_full(max)
+                && (Arc::ptr_eq(&g.topic, &source.topic) || g.topic == source.topic)
         });
         let i = at.unwrap_or_else(|| {
             // Sized for a full marker at once: growing these vectors one push at a time
@@ -158,7 +161,7 @@ impl Coalescer {
                 topic: source.topic.clone(),
                 partition: source.partition,
                 ends: Vec::with_capacity(room),
-                settle: Settle::new(source.topic.clone(), source.partition),
+                settle: Settle::new(source.topic.to_string(), source.partition),
                 count: 0,
                 reason_bytes: 0,
                 waiters: Vec::with_capacity(room),

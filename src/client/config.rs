@@ -138,7 +138,9 @@ impl ConsumerConfig {
         self
     }
 
-    /// Adds a librdkafka setting.
+    /// Adds a librdkafka setting. It applies to every client the consumer makes: the source
+    /// consumer and both markers producers (Starts, written without linger, and
+    /// settlements), so a `linger.ms` given here applies to Starts too.
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.rdkafka.push((key.into(), value.into()));
         self

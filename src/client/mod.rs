@@ -128,11 +128,18 @@ impl RedeliveryConsumer {
             .client_config(&crate::kafka::DURABLE_PRODUCER)
             .create()
             .map_err(kafka("creating the markers producer"))?;
+        // Starts hold back their batch's handout; settlements do not. Each has its producer,
+        // so a Start never lingers for settlements' sake (`kafka::start_producer`).
+        let start_producer: FutureProducer = config
+            .client_config(&crate::kafka::start_producer())
+            .create()
+            .map_err(kafka("creating the Start markers producer"))?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics).map_err(kafka("subscribing"))?;
 
         let writer = MarkerWriter::new(producer, config.markers_topic.clone(), partitions);
-        let settler = Arc::new(settler(&config, writer, runtime)?);
+        let starts = MarkerWriter::new(start_producer, config.markers_topic.clone(), partitions);
+        let settler = Arc::new(settler(&config, starts, writer, runtime)?);
         // Counted in batches; `max_unsettled` bounds the records (the poll thread takes no
         // more than the room left).
         let (tx, rx) = mpsc::channel(config.max_unsettled.max(1));
@@ -153,6 +160,7 @@ impl RedeliveryConsumer {
             resuming: Default::default(),
             revoked: Default::default(),
             refused_since: Default::default(),
+            topics: Default::default(),
         };
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {
@@ -277,6 +285,7 @@ fn markers_partitions<C: rdkafka::consumer::ConsumerContext>(
 /// The settler of a new consumer: version 2 settlements go through a coalescer thread.
 fn settler(
     config: &ConsumerConfig,
+    starts: MarkerWriter,
     writer: MarkerWriter,
     runtime: Handle,
 ) -> Result<Settler, ClientError> {
@@ -292,7 +301,7 @@ fn settler(
             .map_err(ClientError::Thread)?,
         ),
     };
-    Ok(Settler::new(writer, coalescer))
+    Ok(Settler::new(starts, writer, coalescer))
 }
 
 /// Runs the poll thread. A panic in it is recorded in `died` before `hold_open` (a sender of

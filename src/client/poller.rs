@@ -90,6 +90,27 @@ pub(crate) struct Poller {
     pub(crate) revoked: RefCell<Vec<(String, i32)>>,
     /// Since when commits have been refused by a rebalance without a success in between.
     pub(crate) refused_since: std::cell::Cell<Option<Instant>>,
+    /// One shared name per subscribed topic, given to every record of it (see [`Topics`]).
+    pub(crate) topics: Topics,
+}
+
+/// The names of the topics records came from, one allocation each: every record's
+/// [`SourceRef`] shares its topic's name instead of copying it, and the coalescer matches a
+/// settlement to its partition's gathering by pointer.
+#[derive(Default)]
+pub(crate) struct Topics(RefCell<Vec<Arc<str>>>);
+
+impl Topics {
+    /// The shared name of `topic`. A consumer reads a handful of topics, so a list is searched.
+    fn get(&self, topic: &str) -> Arc<str> {
+        let mut known = self.0.borrow_mut();
+        if let Some(name) = known.iter().find(|n| ***n == *topic) {
+            return name.clone();
+        }
+        let name: Arc<str> = topic.into();
+        known.push(name.clone());
+        name
+    }
 }
 
 /// Batches whose Starts are on their way, at most this many at once: while the oldest waits
@@ -379,7 +400,11 @@ impl Poller {
             self.settler.odd_headers(message.topic(), &odd);
         }
         Polled {
-            source: source_of(message),
+            source: SourceRef {
+                topic: self.topics.get(message.topic()),
+                partition: message.partition(),
+                offset: message.offset(),
+            },
             timestamp_ms: message.timestamp().to_millis(),
             key: message.key().map(<[u8]>::to_vec),
             payload: message.payload().map(<[u8]>::to_vec),
@@ -455,11 +480,17 @@ impl Poller {
                  out or committed; their next owner reads them again"
             );
         }
-        let (batch, durable): (Vec<Polled>, Vec<bool>) = batch
-            .into_iter()
-            .zip(durable)
-            .filter(|(p, _)| !is_rewound(&rewound, &p.source) && !self.is_held(&p.source))
-            .unzip();
+        // Nothing rewound or held is the rule: then the batch is not moved again.
+        let (batch, durable): (Vec<Polled>, Vec<bool>) =
+            if rewound.is_empty() && self.held.borrow().is_empty() {
+                (batch, durable)
+            } else {
+                batch
+                    .into_iter()
+                    .zip(durable)
+                    .filter(|(p, _)| !is_rewound(&rewound, &p.source) && !self.is_held(&p.source))
+                    .unzip()
+            };
         let (handed, failed) = split_at_first_failure(batch, durable);
         for (topic, partition, offset) in &failed {
             tracing::warn!(
@@ -574,7 +605,7 @@ impl Poller {
         // Almost always empty: then no key (a copy of the topic name) is built.
         !held.is_empty()
             && held
-                .get(&(s.topic.clone(), s.partition))
+                .get(&(s.topic.to_string(), s.partition))
                 .is_some_and(|&from| s.offset >= from)
     }
 
@@ -611,7 +642,7 @@ impl Poller {
         let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
         for p in handed {
             let e = next
-                .entry((p.source.topic.as_str(), p.source.partition))
+                .entry((&*p.source.topic, p.source.partition))
                 .or_insert(0);
             *e = (*e).max(p.source.offset + 1);
         }
@@ -672,7 +703,7 @@ fn start_batches(batch: &[Polled], default: Duration) -> Vec<(Vec<usize>, Marker
         // polls) goes into a marker of its own.
         let open = groups.iter().rposition(|(records, b)| {
             b.partition == s.partition
-                && b.topic == s.topic
+                && *b.topic == *s.topic
                 && records.len() < MAX_BATCH_RECORDS
                 && b.offsets.last().is_some_and(|last| last < s.offset)
         });
@@ -680,7 +711,7 @@ fn start_batches(batch: &[Polled], default: Duration) -> Vec<(Vec<usize>, Marker
             groups.push((
                 Vec::new(),
                 StartBatch {
-                    topic: s.topic.clone(),
+                    topic: s.topic.to_string(),
                     partition: s.partition,
                     timeout_ms,
                     offsets: Offsets::new(),
@@ -757,7 +788,7 @@ fn first_offsets(batch: &[Polled]) -> BTreeMap<(String, i32), i64> {
     let mut firsts = BTreeMap::new();
     for p in batch {
         let e = firsts
-            .entry((p.source.topic.clone(), p.source.partition))
+            .entry((p.source.topic.to_string(), p.source.partition))
             .or_insert(p.source.offset);
         *e = (*e).min(p.source.offset);
     }
@@ -768,17 +799,13 @@ fn first_offsets(batch: &[Polled]) -> BTreeMap<(String, i32), i64> {
 fn in_partitions(partitions: &[(String, i32)], s: &SourceRef) -> bool {
     partitions
         .iter()
-        .any(|(t, p)| *p == s.partition && *t == s.topic)
+        .any(|(t, p)| *p == s.partition && **t == *s.topic)
 }
 
 fn is_rewound(rewound: &[(String, i32, i64)], s: &SourceRef) -> bool {
     rewound
         .iter()
-        .any(|(t, p, o)| *t == s.topic && *p == s.partition && s.offset >= *o)
-}
-
-fn source_of(m: &BorrowedMessage<'_>) -> SourceRef {
-    SourceRef::new(m.topic(), m.partition(), m.offset())
+        .any(|(t, p, o)| **t == *s.topic && *p == s.partition && s.offset >= *o)
 }
 
 /// Splits a batch into the records that may be handed over (in each source partition, those
@@ -787,10 +814,14 @@ fn split_at_first_failure(
     batch: Vec<Polled>,
     durable: Vec<bool>,
 ) -> (Vec<Polled>, Vec<(String, i32, i64)>) {
+    // Every Start durable is the rule: then no key (a copy of the topic name) is built.
+    if durable.iter().all(|&ok| ok) {
+        return (batch, Vec::new());
+    }
     let mut first_failure: BTreeMap<(String, i32), i64> = BTreeMap::new();
     for (p, ok) in batch.iter().zip(&durable) {
         if !ok {
-            let key = (p.source.topic.clone(), p.source.partition);
+            let key = (p.source.topic.to_string(), p.source.partition);
             let e = first_failure.entry(key).or_insert(i64::MAX);
             *e = (*e).min(p.source.offset);
         }
@@ -799,7 +830,7 @@ fn split_at_first_failure(
         .into_iter()
         .filter(|p| {
             first_failure
-                .get(&(p.source.topic.clone(), p.source.partition))
+                .get(&(p.source.topic.to_string(), p.source.partition))
                 .is_none_or(|&f| p.source.offset < f)
         })
         .collect();
@@ -829,7 +860,13 @@ mod tests {
     fn coords(batch: &[Polled]) -> Vec<(String, i32, i64)> {
         batch
             .iter()
-            .map(|p| (p.source.topic.clone(), p.source.partition, p.source.offset))
+            .map(|p| {
+                (
+                    p.source.topic.to_string(),
+                    p.source.partition,
+                    p.source.offset,
+                )
+            })
             .collect()
     }
 
@@ -923,6 +960,22 @@ mod tests {
         assert_eq!(released, 1);
         let (kept, _, released) = without_revoked(kept, durable, &[]);
         assert_eq!((kept.len(), released), (2, 0));
+    }
+
+    #[test]
+    fn records_of_one_topic_share_its_name() {
+        let topics = Topics::default();
+        let (a, b, other) = (
+            topics.get("orders"),
+            topics.get("orders"),
+            topics.get("audit"),
+        );
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "one allocation per topic, not per record"
+        );
+        assert_eq!((&*a, &*other), ("orders", "audit"));
+        assert!(Arc::ptr_eq(&other, &topics.get("audit")));
     }
 
     #[test]

@@ -94,7 +94,7 @@ pub(crate) fn find(
         Until::HighWatermark => high - 1,
         Until::Offset(o) => o,
     };
-    let me = SourceRef::new(&config.markers_topic, id.partition, id.offset);
+    let me = SourceRef::new(config.markers_topic.as_str(), id.partition, id.offset);
     let mut due_ms = None;
     let mut quiet_since = Instant::now();
     loop {
@@ -165,7 +165,7 @@ pub(crate) fn end_after(
     after: i64,
 ) -> Result<bool, ClientError> {
     let consumer = reader(config, id, after + 1)?;
-    let me = SourceRef::new(&config.markers_topic, id.partition, id.offset);
+    let me = SourceRef::new(config.markers_topic.as_str(), id.partition, id.offset);
     let deadline = Instant::now() + config.settle_wait;
     while Instant::now() < deadline {
         let Some(result) = consumer.poll(Duration::from_millis(100)) else {

@@ -368,7 +368,7 @@ impl Scheduler {
             Settled::Pending { due_ms } => due_ms,
         };
         let inner = &self.inner;
-        let source = SourceRef::new(&inner.config.markers_topic, id.partition, id.offset);
+        let source = SourceRef::new(inner.config.markers_topic.as_str(), id.partition, id.offset);
         let end = encode(&Marker::End {
             source: source.clone(),
         });
@@ -417,7 +417,11 @@ impl Scheduler {
     }
 
     fn marker_ref(&self, id: ScheduleId) -> SourceRef {
-        SourceRef::new(&self.inner.config.markers_topic, id.partition, id.offset)
+        SourceRef::new(
+            self.inner.config.markers_topic.as_str(),
+            id.partition,
+            id.offset,
+        )
     }
 
     async fn scan(&self, id: ScheduleId, until: Until) -> Result<Settled, ClientError> {

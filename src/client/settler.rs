@@ -58,8 +58,12 @@ impl MarkerWriter {
     }
 }
 
-/// The markers writer and the count of unsettled deliveries.
+/// The markers writers and the count of unsettled deliveries.
 pub(crate) struct Settler {
+    /// Writes Starts, without linger: the handout waits for them.
+    starts: MarkerWriter,
+    /// Writes settlements. Each is queued only after its delivery's Start is durable, so two
+    /// producers cannot put a settlement before its Start in the markers partition.
     writer: MarkerWriter,
     /// Gathers settlements into version 2 markers; `None` writes one version 1 marker each.
     coalescer: Option<Coalescer>,
@@ -76,8 +80,13 @@ pub(crate) struct Settler {
 }
 
 impl Settler {
-    pub(crate) fn new(writer: MarkerWriter, coalescer: Option<Coalescer>) -> Self {
+    pub(crate) fn new(
+        starts: MarkerWriter,
+        writer: MarkerWriter,
+        coalescer: Option<Coalescer>,
+    ) -> Self {
         Settler {
+            starts,
             writer,
             coalescer,
             unsettled: AtomicUsize::new(0),
@@ -124,7 +133,7 @@ impl Settler {
     /// Queues a marker without waiting (a Start: never coalesced); the future resolves when
     /// it is durable.
     pub(crate) fn send(&self, marker: &Marker) -> Result<DeliveryFuture, KafkaError> {
-        self.writer.send(marker)
+        self.starts.send(marker)
     }
 
     /// Queues the settlement `op` of `source` now (in version 2, gathered into the next

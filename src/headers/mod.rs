@@ -126,7 +126,7 @@ pub fn text<'a>(headers: &'a HeaderList, name: &str) -> Option<&'a str> {
 /// record (or if the headers are malformed).
 pub fn original(headers: &HeaderList) -> Option<crate::marker::SourceRef> {
     Some(crate::marker::SourceRef {
-        topic: text(headers, ORIGINAL_TOPIC)?.to_string(),
+        topic: text(headers, ORIGINAL_TOPIC)?.into(),
         partition: text(headers, ORIGINAL_PARTITION)?.parse().ok()?,
         offset: text(headers, ORIGINAL_OFFSET)?.parse().ok()?,
     })

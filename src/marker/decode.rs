@@ -193,11 +193,14 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn string(&mut self, field: &'static str) -> Result<String, DecodeError> {
+        self.text(field).map(str::to_owned)
+    }
+
+    /// A string as [`Self::string`] reads it, borrowed from the marker's bytes.
+    pub(crate) fn text(&mut self, field: &'static str) -> Result<&'a str, DecodeError> {
         let len = self.u16(field)? as usize;
         let raw = self.take(len, field)?;
-        std::str::from_utf8(raw)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError::InvalidUtf8(field))
+        std::str::from_utf8(raw).map_err(|_| DecodeError::InvalidUtf8(field))
     }
 
     /// `i32` length, -1 for none.

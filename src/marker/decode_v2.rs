@@ -73,9 +73,12 @@ impl Reader<'_> {
         Err(invalid(field, "varint longer than 10 bytes"))
     }
 
-    /// A topic (not empty) and a partition (not negative): the start of every source.
-    pub(super) fn source_partition(&mut self) -> Result<(String, i32), DecodeError> {
-        let topic = self.string("topic")?;
+    /// A topic (not empty) and a partition (not negative): the start of every source. The
+    /// topic comes as a `String` or a shared `Arc<str>`, copied once out of the marker.
+    pub(super) fn source_partition<T: for<'s> From<&'s str>>(
+        &mut self,
+    ) -> Result<(T, i32), DecodeError> {
+        let topic = self.text("topic")?;
         if topic.is_empty() {
             return Err(invalid("topic", "\"\""));
         }
@@ -83,7 +86,7 @@ impl Reader<'_> {
         if partition < 0 {
             return Err(invalid("partition", partition));
         }
-        Ok((topic, partition))
+        Ok((topic.into(), partition))
     }
 
     /// A set of offsets: the number of runs, then the first offset and the first run's length,

@@ -407,7 +407,7 @@ fn end_markers(cluster: &Cluster, t: &Topics) -> HashSet<(String, i32, i64)> {
     for m in read_all(cluster, &t.markers) {
         match m.payload().map(decode) {
             Some(Ok(Marker::End { source })) => {
-                ends.insert((source.topic, source.partition, source.offset));
+                ends.insert((source.topic.to_string(), source.partition, source.offset));
             }
             Some(Ok(Marker::Settle(s))) => {
                 for offset in s.ends.iter() {

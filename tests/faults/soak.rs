@@ -387,7 +387,7 @@ fn check(cluster: &Cluster, t: &Topics, produced: u64) -> Outcome {
     outcome.schedules_published = seen_schedules.len() as u64;
     let mut ended = Offsets::default();
     scan(cluster, &t.markers, |m| match m.payload().map(decode) {
-        Some(Ok(Marker::End { source })) if source.topic == t.source => {
+        Some(Ok(Marker::End { source })) if *source.topic == *t.source => {
             ended.insert((source.partition, source.offset));
         }
         Some(Ok(Marker::Settle(s))) if s.topic == t.source => {

@@ -25,7 +25,7 @@ pub fn copy_headers(
         .collect();
     let mut put = |k: &str, v: String| out.push((k.into(), Some(v.into_bytes())));
     put(headers::ATTEMPT, attempt.to_string());
-    put(headers::ORIGINAL_TOPIC, first.topic);
+    put(headers::ORIGINAL_TOPIC, first.topic.to_string());
     put(headers::ORIGINAL_PARTITION, first.partition.to_string());
     put(headers::ORIGINAL_OFFSET, first.offset.to_string());
     if let Some((reason, detail)) = dead_letter {

@@ -484,7 +484,7 @@ impl Redeliverer {
         let mut groups: BTreeMap<(String, i32), Vec<Expiry>> = BTreeMap::new();
         for e in expiries {
             groups
-                .entry((e.source.topic.clone(), e.source.partition))
+                .entry((e.source.topic.to_string(), e.source.partition))
                 .or_default()
                 .push(e);
         }
@@ -625,7 +625,7 @@ impl Redeliverer {
                     crate::headers::SCHEDULE_ID.into(),
                     Some(source.to_string().into_bytes()),
                 ));
-                let (topic, partition) = record.map_or((source.topic.clone(), None), |m| {
+                let (topic, partition) = record.map_or((source.topic.to_string(), None), |m| {
                     (
                         m.topic().to_string(),
                         Some(m.partition()).filter(|p| *p >= 0),
@@ -635,14 +635,14 @@ impl Redeliverer {
             }
             Action::Redeliver { attempt } => (
                 "copy",
-                source.topic.clone(),
+                source.topic.to_string(),
                 Some(source.partition),
                 copy_headers(&original, source, *attempt, None),
             ),
             Action::DeadLetter { reason, detail } => (
                 "dead_letter",
                 self.config
-                    .dlq_topic_for(record.map_or(source.topic.as_str(), |m| m.topic())),
+                    .dlq_topic_for(record.map_or(&*source.topic, |m| m.topic())),
                 None,
                 copy_headers(&original, source, expiry.attempt, Some((*reason, detail))),
             ),
@@ -697,7 +697,7 @@ fn end_markers<'a>(
         if !partitions.contains(&markers_partition) {
             partitions.push(markers_partition);
         }
-        if source.topic == markers_topic {
+        if *source.topic == *markers_topic {
             out.push(end_marker(markers_topic, markers_partition, source));
         } else {
             settles
@@ -727,7 +727,7 @@ fn end_markers<'a>(
 fn home_topic(p: &Pending) -> &str {
     p.record
         .as_ref()
-        .map_or(p.expiry.source.topic.as_str(), |m| m.topic())
+        .map_or(&*p.expiry.source.topic, |m| m.topic())
 }
 
 /// Where a redelivery pass spent its time, logged at debug level: how late after its deadline
