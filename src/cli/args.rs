@@ -160,6 +160,10 @@ pub struct RunArgs {
     /// How often to commit markers offsets.
     #[arg(long, env = "REDELIVERY_COMMIT_INTERVAL", default_value = "1s", value_parser = parse_duration)]
     pub commit_interval: Duration,
+    /// Read the records of deliveries still in flight this long before their deadline, so a
+    /// redelivery only has to produce the copy (0s: off; read when due).
+    #[arg(long, env = "REDELIVERY_READ_AHEAD", default_value = "100ms", value_parser = parse_duration)]
+    pub read_ahead: Duration,
     /// Snapshot a markers partition when a restart would replay at least this many markers
     /// (0: never; a restart then replays from the oldest item in flight).
     #[arg(

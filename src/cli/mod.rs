@@ -143,6 +143,7 @@ async fn run(args: RunArgs) -> ExitCode {
         max_deliveries: args.max_deliveries,
         dlq_topic: args.kafka.dlq_topic.clone(),
         commit_interval: args.commit_interval,
+        read_ahead: args.read_ahead,
         snapshots_topic: Some(args.kafka.snapshots_topic()),
         snapshot_after_markers: args.snapshot_after_markers,
         snapshot_min_interval: args.snapshot_interval,

@@ -19,6 +19,10 @@ pub struct TrackerConfig {
     pub commit_interval: Duration,
     /// Most due deliveries handed to the redelivery worker at once.
     pub expiry_batch: usize,
+    /// How long before their deadline the records of deliveries still in flight are read, so
+    /// that a redelivery pass only has to produce the copies (`redeliver/read_ahead.rs`).
+    /// Zero turns reading ahead off: every pass reads its records when they are due.
+    pub read_ahead: Duration,
     /// Compacted topic for partition snapshots (bounded replay); `None` turns snapshots off.
     pub snapshots_topic: Option<String>,
     /// Take a snapshot of a partition when a restart would replay at least this many markers
@@ -45,6 +49,7 @@ impl TrackerConfig {
             dlq_topic: "{topic}.dlq".into(),
             commit_interval: Duration::from_secs(1),
             expiry_batch: 1_000,
+            read_ahead: Duration::from_millis(100),
             rdkafka: Vec::new(),
         }
     }
@@ -71,6 +76,7 @@ impl std::fmt::Debug for TrackerConfig {
             .field("dlq_topic", &self.dlq_topic)
             .field("commit_interval", &self.commit_interval)
             .field("expiry_batch", &self.expiry_batch)
+            .field("read_ahead", &self.read_ahead)
             .field("snapshots_topic", &self.snapshots_topic)
             .field("snapshot_after_markers", &self.snapshot_after_markers)
             .field("snapshot_min_interval", &self.snapshot_min_interval)

@@ -18,6 +18,7 @@ use crate::tracker::markers::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_
 use crate::tracker::memory;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::readiness::Readiness;
+use crate::tracker::redeliver::read_ahead;
 use crate::tracker::redeliver::worker::Redeliverer;
 use crate::tracker::snapshot::restorer::Restorer;
 
@@ -148,12 +149,16 @@ impl Tracker {
         let stop_worker = Arc::new(AtomicBool::new(false));
         let queued = Arc::new(AtomicUsize::new(0));
         let (jobs, job_rx) = mpsc::sync_channel(MAX_QUEUED_JOBS);
+        let (hints, read_ahead) =
+            read_ahead::start(&self.config, &self.metrics, stop_worker.clone())?
+                .map_or((None, None), |(h, c)| (Some(h), Some(c)));
         let worker = Redeliverer::new(
             self.config.clone(),
             producer.clone(),
             self.metrics.clone(),
             stop_worker.clone(),
             fence,
+            read_ahead,
         )?;
         let worker_queued = queued.clone();
         let worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;
@@ -163,6 +168,7 @@ impl Tracker {
             config: self.config.clone(),
             metrics: self.metrics.clone(),
             jobs,
+            read_ahead: hints,
             queued,
             ready: self.ready.clone(),
             view: self.view.clone(),

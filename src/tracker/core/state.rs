@@ -18,7 +18,6 @@
 //! Keys are hashed with the Fx hash: they come from our own markers topic, not from an adversary
 //! choosing collisions, and it is several times cheaper than SipHash on a 16-byte key.
 
-use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::hash::BuildHasher;
 
@@ -28,6 +27,7 @@ use rustc_hash::{FxBuildHasher, FxHashMap as HashMap};
 use crate::marker::{Marker, SourceRef};
 
 use crate::tracker::core::interner::Interner;
+use deadlines::Deadlines;
 use groups::{Groups, Member};
 
 /// Heap entries naming a group rather than a slot carry this bit (slot numbers stay below it:
@@ -241,9 +241,10 @@ pub struct PartitionState {
     free: Vec<u32>,
     /// Slot numbers, found by the hash of their slot's key.
     index: HashTable<u32>,
-    /// Min-heap of (deadline, slot). Entries go stale when a delivery is kept alive or settled;
-    /// they are skipped when popped and swept when they outnumber live ones.
-    deadlines: BinaryHeap<Reverse<(i64, u32)>>,
+    /// Min-heap of (deadline, slot), in two parts for reading ahead (`deadlines.rs`). Entries
+    /// go stale when a delivery is kept alive or settled; they are skipped when popped and
+    /// swept when they outnumber live ones.
+    deadlines: Deadlines,
     /// Reasons of rejected deliveries, only until they are dispatched.
     reject_reasons: HashMap<Key, String>,
     /// When in-flight items started, to tell the age of the oldest delivery without storing
@@ -570,7 +571,7 @@ impl PartitionState {
     pub fn expired(&mut self, now_ms: i64, limit: usize) -> Vec<Expiry> {
         let mut out = Vec::new();
         while out.len() < limit {
-            let Some(&Reverse((deadline, i))) = self.deadlines.peek() else {
+            let Some((deadline, i)) = self.deadlines.peek() else {
                 break;
             };
             if deadline > now_ms {
@@ -638,11 +639,61 @@ impl PartitionState {
 
     /// The earliest deadline still pending, in partition time (ms).
     pub fn next_deadline(&mut self) -> Option<i64> {
-        while let Some(&Reverse((deadline, i))) = self.deadlines.peek() {
+        while let Some((deadline, i)) = self.deadlines.peek() {
             if self.is_live_entry(deadline, i) {
                 return Some(deadline);
             }
             self.deadlines.pop();
+        }
+        None
+    }
+
+    /// The records of deliveries due by `until_ms` that were not listed before, soonest first,
+    /// for reading ahead: at least every record of one heap entry, then whole entries while
+    /// fewer than `limit` are listed. Nothing is dispatched: each stays in flight and falls due
+    /// at its own deadline, through [`Self::expired`], as if never listed.
+    pub fn read_ahead(&mut self, until_ms: i64, limit: usize) -> Vec<SourceRef> {
+        let mut out = Vec::new();
+        while out.len() < limit {
+            let Some((deadline, i)) = self.deadlines.peek_unannounced() else {
+                break;
+            };
+            if deadline > until_ms {
+                break;
+            }
+            if !self.is_live_entry(deadline, i) {
+                self.deadlines.drop_unannounced();
+                continue;
+            }
+            self.deadlines.announce_next();
+            if i & GROUP_TAG != 0 {
+                let Some(g) = self.groups.get(i & !GROUP_TAG) else {
+                    continue;
+                };
+                let topic = self.topics.name(g.topic);
+                out.extend(
+                    g.waiting_offsets()
+                        .map(|offset| SourceRef::new(topic, g.partition, offset)),
+                );
+            } else {
+                let key = self.slots[i as usize].key;
+                out.push(SourceRef::new(
+                    self.topics.name(key.topic),
+                    key.partition,
+                    key.offset,
+                ));
+            }
+        }
+        out
+    }
+
+    /// The earliest deadline not yet listed by [`Self::read_ahead`], in partition time (ms).
+    pub fn next_to_read_ahead(&mut self) -> Option<i64> {
+        while let Some((deadline, i)) = self.deadlines.peek_unannounced() {
+            if self.is_live_entry(deadline, i) {
+                return Some(deadline);
+            }
+            self.deadlines.drop_unannounced();
         }
         None
     }
@@ -652,7 +703,7 @@ impl PartitionState {
     pub fn next_deadlines(&self, n: usize) -> Vec<i64> {
         // Keep the n smallest in a small max-heap rather than collecting every deadline.
         let mut smallest: BinaryHeap<i64> = BinaryHeap::with_capacity(n + 1);
-        for Reverse((d, i)) in self.deadlines.iter() {
+        for (d, i) in self.deadlines.iter() {
             if !self.is_live_entry(*d, *i) || smallest.iter().any(|s| s == d) {
                 continue;
             }
@@ -771,17 +822,15 @@ impl PartitionState {
     }
 
     fn push_deadline(&mut self, deadline: i64, slot: u32) {
-        self.deadlines.push(Reverse((deadline, slot)));
+        self.deadlines.push((deadline, slot));
         // Stale entries pile up when deliveries are acked long before their deadline; sweep them
         // once they outnumber the live ones, which keeps the sweep amortised O(1) per push.
         // A reused slot can make an old entry look live again when the new delivery has the
         // same deadline, so the sweep also drops duplicates.
         if self.deadlines.len() > 2 * self.in_flight() + 1024 {
-            let mut live: Vec<_> = std::mem::take(&mut self.deadlines).into_vec();
-            live.retain(|Reverse((d, i))| self.is_live_entry(*d, *i));
-            live.sort_unstable();
-            live.dedup();
-            self.deadlines = BinaryHeap::from(live);
+            let mut deadlines = std::mem::take(&mut self.deadlines);
+            deadlines.sweep(|&(d, i)| self.is_live_entry(d, i));
+            self.deadlines = deadlines;
         }
     }
 
@@ -802,6 +851,7 @@ impl PartitionState {
     }
 }
 
+mod deadlines;
 mod export;
 mod groups;
 mod time_index;

@@ -33,6 +33,7 @@ use crate::tracker::metrics::progress::{CommitFinished, RestoreFailed};
 use crate::tracker::metrics::work::ProduceFailed;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::metrics::Problem;
+use crate::tracker::redeliver::read_ahead::Hints;
 use crate::tracker::redeliver::worker::Job;
 use crate::tracker::snapshot::policy;
 use crate::tracker::snapshot::restorer::Restorer;
@@ -292,6 +293,8 @@ pub(crate) struct MarkersLoop {
     pub(crate) config: Arc<TrackerConfig>,
     pub(crate) metrics: Metrics,
     pub(crate) jobs: SyncSender<Job>,
+    /// Where records due soon are listed for reading ahead, if that is on.
+    pub(crate) read_ahead: Option<Hints>,
     pub(crate) queued: Arc<AtomicUsize>,
     pub(crate) ready: crate::tracker::Readiness,
     pub(crate) view: SharedView,
@@ -328,6 +331,7 @@ impl MarkersLoop {
             }
             self.send_ticks(&mut ticks);
             self.dispatch_due();
+            self.list_read_ahead();
             if Instant::now() >= next_commit {
                 self.commit_and_publish();
                 next_commit = Instant::now() + self.config.commit_interval;
@@ -438,8 +442,16 @@ impl MarkersLoop {
         let now = Instant::now();
         let room = self.queued.load(Ordering::Relaxed) < MAX_QUEUED_JOBS;
         let mut owned = self.consumer.context().lock();
-        plan::wake_at(&mut owned.partitions, now, next_commit, MAX_WAIT, room)
-            .saturating_duration_since(now)
+        let read_ahead = self.read_ahead.as_ref().map(|_| self.config.read_ahead);
+        plan::wake_at(
+            &mut owned.partitions,
+            now,
+            next_commit,
+            MAX_WAIT,
+            room,
+            read_ahead,
+        )
+        .saturating_duration_since(now)
     }
 
     /// Whether the last partition has just read its Tick back while the tracker still says it
@@ -511,6 +523,23 @@ impl MarkersLoop {
                 return;
             }
         }
+    }
+
+    /// Hands the records falling due within the read-ahead window to the read-ahead thread.
+    fn list_read_ahead(&self) {
+        let Some(hints) = &self.read_ahead else {
+            return;
+        };
+        let sources = {
+            let mut owned = self.consumer.context().lock();
+            plan::read_ahead(
+                &mut owned.partitions,
+                Instant::now(),
+                self.config.read_ahead,
+                self.config.expiry_batch,
+            )
+        };
+        hints.send(sources);
     }
 
     fn commit_and_publish(&self) {

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::marker::SourceRef;
 use crate::tracker::inspect::PartitionView;
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
 use crate::tracker::redeliver::worker::Job;
@@ -49,21 +50,53 @@ pub(crate) fn due_jobs(
     jobs
 }
 
+/// The records of ready partitions' deliveries due within `window` of `now` that were not
+/// listed before, at most about `limit` (see `redeliver/read_ahead.rs`). Replaying partitions
+/// are left alone: what falls due there is not known until they catch up.
+pub(crate) fn read_ahead(
+    partitions: &mut Partitions,
+    now: Instant,
+    window: Duration,
+    limit: usize,
+) -> Vec<SourceRef> {
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    let mut out = Vec::new();
+    for p in partitions.values_mut().filter(|p| p.is_ready()) {
+        if out.len() >= limit {
+            break;
+        }
+        let Some(now_ms) = p.clock.now_ms(now) else {
+            continue;
+        };
+        let until = now_ms.saturating_add(window_ms);
+        out.extend(p.state.read_ahead(until, limit - out.len()));
+    }
+    out
+}
+
 /// When the loop must wake at the latest: the earliest deadline of a ready partition (only
-/// if the worker has room for more), the next commit, or `max_wait` from `now`.
+/// if the worker has room for more), the moment the next deliveries come within `read_ahead`
+/// of theirs (if reading ahead), the next commit, or `max_wait` from `now`.
 pub(crate) fn wake_at(
     partitions: &mut Partitions,
     now: Instant,
     next_commit: Instant,
     max_wait: Duration,
     worker_has_room: bool,
+    read_ahead: Option<Duration>,
 ) -> Instant {
     let mut until = (now + max_wait).min(next_commit);
-    if worker_has_room {
-        // `next_deadline` sweeps stale heap entries, hence `mut`.
-        for p in partitions.values_mut().filter(|p| p.is_ready()) {
+    // `next_deadline` and `next_to_read_ahead` sweep stale heap entries, hence `mut`.
+    for p in partitions.values_mut().filter(|p| p.is_ready()) {
+        if worker_has_room {
             if let Some(at) = p.state.next_deadline().and_then(|d| p.clock.instant_of(d)) {
                 until = until.min(at);
+            }
+        }
+        if let Some(window) = read_ahead {
+            let next = p.state.next_to_read_ahead();
+            if let Some(at) = next.and_then(|d| p.clock.instant_of(d)) {
+                until = until.min(at.checked_sub(window).unwrap_or(now));
             }
         }
     }
@@ -290,6 +323,7 @@ mod tests {
             f.t0 + Duration::from_secs(60),
             Duration::from_secs(60),
             true,
+            None,
         );
         assert_eq!(
             wake,
@@ -302,6 +336,7 @@ mod tests {
             f.t0 + Duration::from_secs(60),
             Duration::from_secs(60),
             false,
+            None,
         );
         assert_eq!(
             idle,
@@ -312,6 +347,57 @@ mod tests {
         assert_eq!(f.due(2_000 * MS), [10]);
         assert!(f.due(3_000 * MS).is_empty(), "taken once");
         assert_eq!(f.partitions[&0].redeliveries, 1);
+    }
+
+    #[test]
+    fn records_are_listed_for_reading_ahead_once_and_still_fall_due_at_their_deadline() {
+        let mut f = Fixture::new();
+        let window = Duration::from_millis(100);
+        f.start(10, 2_000, T0_MS, Duration::ZERO);
+        assert!(
+            read_ahead(&mut f.partitions, f.t0 + 1_950 * MS, window, 100).is_empty(),
+            "nothing is read ahead while replaying"
+        );
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        f.start(11, 3_000, T0_MS, Duration::ZERO);
+        let wake = wake_at(
+            &mut f.partitions,
+            f.t0,
+            f.t0 + Duration::from_secs(60),
+            Duration::from_secs(60),
+            false,
+            Some(window),
+        );
+        assert_eq!(wake, f.t0 + 1_900 * MS, "woken to read 10 ahead");
+        assert!(read_ahead(&mut f.partitions, f.t0 + 1_899 * MS, window, 100).is_empty());
+        let listed = read_ahead(&mut f.partitions, f.t0 + 1_900 * MS, window, 100);
+        assert_eq!(listed, [SourceRef::new("orders", 0, 10)]);
+        assert!(
+            read_ahead(&mut f.partitions, f.t0 + 1_950 * MS, window, 100).is_empty(),
+            "listed once"
+        );
+        assert!(f.due(1_999 * MS).is_empty(), "listed, not dispatched");
+        assert_eq!(f.due(2_000 * MS), [10]);
+        let listed = read_ahead(&mut f.partitions, f.t0 + 2_900 * MS, window, 100);
+        assert_eq!(listed, [SourceRef::new("orders", 0, 11)]);
+        assert_eq!(f.due(3_000 * MS), [11]);
+    }
+
+    #[test]
+    fn a_delivery_settled_after_it_was_listed_does_not_fall_due() {
+        let mut f = Fixture::new();
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        f.start(10, 2_000, T0_MS, Duration::ZERO);
+        let window = Duration::from_millis(100);
+        assert_eq!(
+            read_ahead(&mut f.partitions, f.t0 + 1_950 * MS, window, 100).len(),
+            1
+        );
+        let end = Marker::End {
+            source: SourceRef::new("orders", 0, 10),
+        };
+        f.read(end, T0_MS + 1_960, 1_960 * MS);
+        assert!(f.due(5_000 * MS).is_empty());
     }
 
     #[test]

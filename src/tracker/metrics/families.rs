@@ -30,6 +30,7 @@ pub(super) struct Work {
     pub(super) parked: IntGauge,
     pub(super) parks: IntCounter,
     pub(super) source_read_errors: IntCounterVec,
+    pub(super) read_ahead: IntCounterVec,
     pub(super) produce_errors: IntCounterVec,
     pub(super) problems: IntCounterVec,
 }
@@ -179,6 +180,14 @@ impl Work {
                 "redelivery_source_read_errors_total",
                 "Transient failures reading a source record back (retried)",
                 &["topic"],
+            ),
+            read_ahead: counters(
+                r,
+                "redelivery_read_ahead_records_total",
+                "Source records read ahead of their deadline, by outcome: read, used (by a \
+                 redelivery pass), unused (settled in time, or kept too long) and skipped (the \
+                 read-ahead queue or memory was full; read when due instead)",
+                &["outcome"],
             ),
             produce_errors: counters(
                 r,

@@ -94,6 +94,23 @@ impl Emit for Fenced {
     }
 }
 
+/// Source records read ahead of their deadline (see `redeliver/read_ahead.rs`), by outcome.
+pub(crate) struct ReadAhead {
+    pub n: usize,
+    pub outcome: &'static str,
+}
+
+impl Emit for ReadAhead {
+    fn emit(self, m: &Metrics) {
+        if self.n > 0 {
+            m.work
+                .read_ahead
+                .with_label_values(&[self.outcome])
+                .inc_by(u64::try_from(self.n).unwrap_or(u64::MAX));
+        }
+    }
+}
+
 /// Reading a source record back failed in a way that may pass (a broker away fails every
 /// read); retried.
 pub(crate) struct SourceReadFailed<'a> {

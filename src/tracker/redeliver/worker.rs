@@ -42,6 +42,7 @@ use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::ender::Ender;
 use crate::tracker::redeliver::outgoing::{end_marker, settle_ends_marker, Outgoing, Sender};
 use crate::tracker::redeliver::published_check::already_published;
+use crate::tracker::redeliver::read_ahead::ReadAheadCache;
 use crate::tracker::redeliver::scheduled::unpack;
 use crate::tracker::redeliver::source_reader::{ReadOutcome, SourceReader};
 
@@ -102,6 +103,8 @@ pub struct Redeliverer {
     /// Which partitions this tracker still owns: work for any other is dropped.
     fence: Arc<Fence>,
     parked: Vec<Parked>,
+    /// Records read ahead of their deadline (`read_ahead.rs`), if reading ahead is on.
+    read_ahead: Option<Arc<ReadAheadCache>>,
     /// How often each parked delivery has been refused, for its back-off.
     refusals: HashMap<SourceRef, u32>,
     /// Writes the Ends, so the next pass need not wait for them. Declared last: dropped after
@@ -122,6 +125,7 @@ impl Redeliverer {
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
+        read_ahead: Option<Arc<ReadAheadCache>>,
     ) -> Result<Self, crate::tracker::TrackerError> {
         let ender = Ender::start(
             producer.clone(),
@@ -139,6 +143,7 @@ impl Redeliverer {
             stop,
             fence,
             parked: Vec::new(),
+            read_ahead,
             refusals: HashMap::new(),
         })
     }
@@ -491,13 +496,24 @@ impl Redeliverer {
         for group in groups.values_mut() {
             group.sort_by_key(|e| e.source.offset);
         }
-        // First every partition of a topic at once; what that cannot finish, one by one.
+        // Records read ahead first; then every partition of a topic at once; what that cannot
+        // finish, one by one.
         let mut read: BTreeMap<(String, i32), BTreeMap<i64, ReadOutcome>> = BTreeMap::new();
         let mut topics: BTreeMap<&str, Vec<(i32, Vec<i64>)>> = BTreeMap::new();
         for ((topic, partition), group) in &groups {
-            let mut offsets: Vec<i64> = group.iter().map(|e| e.source.offset).collect();
+            let ahead = self.read_ahead_of(group);
+            let mut offsets: Vec<i64> = group
+                .iter()
+                .map(|e| e.source.offset)
+                .filter(|o| !ahead.contains_key(o))
+                .collect();
             offsets.dedup();
-            topics.entry(topic).or_default().push((*partition, offsets));
+            if !ahead.is_empty() {
+                read.insert((topic.clone(), *partition), ahead);
+            }
+            if !offsets.is_empty() {
+                topics.entry(topic).or_default().push((*partition, offsets));
+            }
         }
         for (topic, wanted) in topics {
             if self.stopping() {
@@ -527,6 +543,20 @@ impl Redeliverer {
             }
         }
         out
+    }
+
+    /// The records of `group` that were read ahead of their deadline.
+    fn read_ahead_of(&self, group: &[Expiry]) -> BTreeMap<i64, ReadOutcome> {
+        let Some(cache) = &self.read_ahead else {
+            return BTreeMap::new();
+        };
+        group
+            .iter()
+            .filter_map(|e| {
+                let record = cache.take(&e.source)?;
+                Some((e.source.offset, ReadOutcome::Found(record)))
+            })
+            .collect()
     }
 
     fn read_group(

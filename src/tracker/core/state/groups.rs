@@ -74,6 +74,16 @@ impl Group {
         self.next_set(self.cursor).is_some()
     }
 
+    /// Offsets of the records still waiting for the deadline (not dispatched), ascending.
+    pub fn waiting_offsets(&self) -> impl Iterator<Item = i64> + '_ {
+        let mut i = self.cursor;
+        std::iter::from_fn(move || {
+            let at = self.next_set(i)?;
+            i = at + 1;
+            Some(self.first + i64::from(at))
+        })
+    }
+
     /// The lowest live source offset.
     pub fn first_live(&self) -> Option<i64> {
         self.next_set(0).map(|i| self.first + i64::from(i))

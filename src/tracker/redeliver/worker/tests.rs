@@ -62,6 +62,7 @@ impl Rig {
             metrics.clone(),
             Arc::new(AtomicBool::new(false)),
             fence.clone(),
+            None,
         )
         .unwrap();
         let (tx, rx) = mpsc::channel();
