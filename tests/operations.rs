@@ -213,6 +213,18 @@ async fn prometheus_runs_every_dashboard_and_alert_query_against_a_working_track
             rule["name"], rule["lastError"]
         );
     }
+    // Reading ahead (on by default, 100 ms) worked against the real broker: the abandoned
+    // records, due 800 ms after their Start, were read before their deadline and their copies
+    // made from those reads. The unit tests of `read_ahead.rs` cover the cache itself.
+    let (_, body) = http_get(&admin, "/metrics").unwrap();
+    let used = metric_value(
+        &body,
+        "redelivery_read_ahead_records_total{outcome=\"used\"}",
+    );
+    assert!(
+        used > 0.0,
+        "no copy was made from a record read ahead:\n{body}"
+    );
     worker.abort();
     tracker.kill().unwrap();
     tracker.wait().unwrap();

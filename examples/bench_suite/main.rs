@@ -181,13 +181,16 @@ struct LoadResult {
 }
 
 /// Deadline-to-redelivery lag from the tracker's histogram: each figure is the upper bound of
-/// the bucket holding that quantile (1, 2.5, 5, 10, 25, 50, 100, 250, 500 ms, 1 s, ...).
+/// the bucket holding that quantile (1, 2, 5, 7.5, 10, 12.5, 15, 20, 25, 50, 100, 250 ms, ...).
 #[derive(Debug, Default, Serialize)]
 struct Lag {
     p50_ms: Option<f64>,
     p99_ms: Option<f64>,
     max_bucket_ms: Option<f64>,
     redeliveries: f64,
+    /// Records the tracker read ahead of their deadline, by outcome (`read`, `used`, `unused`,
+    /// `skipped`): `unused` is the reading done for deliveries settled just before they fell due.
+    read_ahead: BTreeMap<&'static str, f64>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -548,6 +551,7 @@ async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
         p99_ms: tracker::lag_quantile_ms(metrics, 0.99),
         max_bucket_ms: tracker::lag_quantile_ms(metrics, 1.0),
         redeliveries: tracker::lag_count(metrics),
+        read_ahead: tracker::read_ahead_outcomes(metrics),
     };
     Ok(Redelivery {
         unsettled_share: share,

@@ -1,6 +1,7 @@
 //! The tracker as its own process (so its CPU and memory are its own), and the "tracker alone"
 //! scenario: markers applied per second, memory per delivery in flight, restart-to-ready.
 
+use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -10,7 +11,7 @@ use kafka_redelivery::marker::{
 };
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use redelivery_testkit::admin::{http_get, wait_ready, AdminAddr};
-use redelivery_testkit::metrics::{bucket_quantile, histogram_buckets};
+use redelivery_testkit::metrics::{bucket_quantile, histogram_buckets, metric_value};
 use redelivery_testkit::process::stop_within;
 
 use super::kafka::{client, cpu_seconds, create, drop_topics, resident_bytes, unique, PARTITIONS};
@@ -172,6 +173,18 @@ pub fn lag_count(metrics: &[String]) -> f64 {
 /// `metrics` (summed): the upper bound of the bucket that holds it.
 pub fn lag_quantile_ms(metrics: &[String], q: f64) -> Option<f64> {
     bucket_quantile(&lag_buckets(metrics), q).map(|le| le * 1000.0)
+}
+
+/// The tracker's `redelivery_read_ahead_records_total` per outcome, summed over `metrics`.
+pub fn read_ahead_outcomes(metrics: &[String]) -> BTreeMap<&'static str, f64> {
+    ["read", "used", "unused", "skipped"]
+        .into_iter()
+        .map(|outcome| {
+            let series = format!("redelivery_read_ahead_records_total{{outcome=\"{outcome}\"}}");
+            let n = metrics.iter().map(|m| metric_value(m, &series)).sum();
+            (outcome, n)
+        })
+        .collect()
 }
 
 /// Writes Start markers for `n` records of one source topic (and, with `ended`, their Ends),

@@ -26,8 +26,10 @@ struct Inner {
     /// Owned partitions and the generation of their current grant.
     owned: HashMap<i32, u64>,
     last_generation: u64,
-    /// Partitions the worker's current pass acts for.
-    busy: Vec<i32>,
+    /// Partitions that passes under way act for, and how many passes each: the worker
+    /// starts a pass while the copies of the one before are still on their way
+    /// (`redeliver/landing.rs`).
+    busy: HashMap<i32, usize>,
     /// Partitions with Ends handed to the Ends thread and not yet durable, and how many
     /// passes' worth each.
     ending: HashMap<i32, usize>,
@@ -56,7 +58,7 @@ impl Fence {
         for p in partitions {
             inner.owned.remove(p);
         }
-        while inner.busy.iter().any(|b| partitions.contains(b))
+        while partitions.iter().any(|p| inner.busy.contains_key(p))
             || partitions.iter().any(|p| inner.ending.contains_key(p))
         {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -77,25 +79,32 @@ impl Fence {
     }
 
     /// Starts a pass acting for the partitions of `work` (partition, generation) that are still
-    /// held; returns which of `work` may go ahead.
+    /// held; returns which of `work` may go ahead. Every call is matched by one
+    /// [`Self::end_pass`] with the partitions allowed here.
     pub(crate) fn begin_pass(&self, work: &[(i32, u64)]) -> Vec<bool> {
         let mut inner = self.lock();
         let allowed: Vec<bool> = work
             .iter()
             .map(|(p, g)| inner.owned.get(p) == Some(g))
             .collect();
-        inner.busy = work
-            .iter()
-            .zip(&allowed)
-            .filter(|(_, ok)| **ok)
-            .map(|((p, _), _)| *p)
-            .collect();
+        for ((p, _), _) in work.iter().zip(&allowed).filter(|(_, ok)| **ok) {
+            *inner.busy.entry(*p).or_default() += 1;
+        }
         allowed
     }
 
-    /// The pass is over: a waiting revocation may go on.
-    pub(crate) fn end_pass(&self) {
-        self.lock().busy.clear();
+    /// The pass acting for `partitions` is over: a waiting revocation may go on.
+    pub(crate) fn end_pass(&self, partitions: &[i32]) {
+        let mut inner = self.lock();
+        for p in partitions {
+            if let Some(n) = inner.busy.get_mut(p) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    inner.busy.remove(p);
+                }
+            }
+        }
+        drop(inner);
         self.idle.notify_all();
     }
 
@@ -144,7 +153,7 @@ mod tests {
             f.begin_pass(&[(3, g1), (3, g2), (5, g5), (7, 1)]),
             [false, true, true, false]
         );
-        f.end_pass();
+        f.end_pass(&[3, 5]);
     }
 
     #[test]
@@ -161,7 +170,7 @@ mod tests {
             let f = f.clone();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(50));
-                f.end_pass();
+                f.end_pass(&[1]);
             })
         };
         assert!(f.revoke(&[1], Duration::from_secs(10)));
@@ -179,7 +188,7 @@ mod tests {
         assert_eq!(f.begin_pass(&[(4, g)]), [true]);
         f.ends_pending(&[4]);
         f.ends_pending(&[4]);
-        f.end_pass();
+        f.end_pass(&[4]);
         assert!(
             !f.revoke(&[4], Duration::from_millis(20)),
             "two passes' Ends are still being written"
@@ -188,5 +197,23 @@ mod tests {
         assert!(!f.revoke(&[4], Duration::ZERO), "one still is");
         f.ends_done(&[4]);
         assert!(f.revoke(&[4], Duration::ZERO));
+    }
+
+    #[test]
+    fn a_revocation_waits_for_every_pass_of_the_partition_under_way() {
+        let f = Fence::default();
+        let g = f.grant(6);
+        let h = f.grant(7);
+        // Two passes overlap: the second starts while the first's copies are on their way.
+        assert_eq!(f.begin_pass(&[(6, g), (6, g)]), [true, true]);
+        assert_eq!(f.begin_pass(&[(6, g), (7, h)]), [true, true]);
+        f.end_pass(&[6, 6]);
+        assert!(
+            !f.revoke(&[6], Duration::from_millis(20)),
+            "the second pass still acts for 6"
+        );
+        f.end_pass(&[6, 7]);
+        assert!(f.revoke(&[6], Duration::ZERO));
+        assert!(f.revoke(&[7], Duration::ZERO));
     }
 }

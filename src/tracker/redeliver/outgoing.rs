@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::headers::{self, HeaderList};
@@ -110,26 +110,59 @@ pub struct Sender<'a> {
     pub stop: &'a AtomicBool,
 }
 
+/// A record handed to the producer: its delivery report to come, or why it was not queued.
+pub enum Started {
+    /// Queued; the future resolves once the broker acknowledged it or librdkafka gave up.
+    Queued(DeliveryFuture),
+    /// librdkafka did not take it (its queue full, for one); sent again by [`Sender::settle`].
+    NotQueued(KafkaError),
+}
+
 impl Sender<'_> {
     /// Produces every record, retrying errors that may pass with back-off. Returns, per
     /// record, `Ok` once durable or `Err(reason)` if the broker refused it for good; `None`
     /// if a stop was requested before everything was settled.
     pub fn send_all(&self, records: &[Outgoing]) -> Option<Vec<Result<(), String>>> {
+        self.settle(records, self.start(records))
+    }
+
+    /// Hands every record to the producer without waiting for any of it: the worker starts a
+    /// pass's copies and goes on to the next pass while they travel (`landing.rs`).
+    pub fn start(&self, records: &[Outgoing]) -> Vec<Started> {
+        records.iter().map(|r| self.start_one(r)).collect()
+    }
+
+    fn start_one(&self, r: &Outgoing) -> Started {
+        match self.producer.send_result(future_record(r)) {
+            Ok(delivery) => Started::Queued(delivery),
+            Err((e, _)) => Started::NotQueued(e),
+        }
+    }
+
+    /// Waits for the records [`Self::start`] handed over, then sends again, with back-off,
+    /// those that failed in a way that may pass; results as for [`Self::send_all`].
+    pub fn settle(
+        &self,
+        records: &[Outgoing],
+        started: Vec<Started>,
+    ) -> Option<Vec<Result<(), String>>> {
         let mut results: Vec<Option<Result<(), String>>> = vec![None; records.len()];
         let mut backoff = Duration::from_millis(100);
+        let mut round: Vec<(usize, Started)> = started.into_iter().enumerate().collect();
         loop {
-            let left: Vec<usize> = (0..records.len())
-                .filter(|&i| results[i].is_none())
-                .collect();
-            if left.is_empty() {
-                return Some(results.into_iter().flatten().collect());
-            }
-            if self.stop.load(Ordering::Relaxed) {
-                return None;
-            }
-            let sent = block_on(join_all(left.iter().map(|&i| self.send(&records[i]))));
+            let sent = block_on(join_all(round.into_iter().map(|(i, s)| async move {
+                let outcome = match s {
+                    Started::Queued(delivery) => match delivery.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err((e, _))) => Err(e),
+                        Err(_) => Err(KafkaError::Canceled),
+                    },
+                    Started::NotQueued(e) => Err(e),
+                };
+                (i, outcome)
+            })));
             let mut retry = false;
-            for (i, result) in left.into_iter().zip(sent) {
+            for (i, result) in sent {
                 match result {
                     Ok(()) => results[i] = Some(Ok(())),
                     Err(e) if refused_for_good(&e) => {
@@ -150,30 +183,40 @@ impl Sender<'_> {
                     }
                 }
             }
+            let left: Vec<usize> = (0..records.len())
+                .filter(|&i| results[i].is_none())
+                .collect();
+            if left.is_empty() {
+                return Some(results.into_iter().flatten().collect());
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return None;
+            }
             if retry {
                 std::thread::sleep(backoff);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
+            round = left
+                .into_iter()
+                .map(|i| (i, self.start_one(&records[i])))
+                .collect();
         }
     }
+}
 
-    async fn send(&self, r: &Outgoing) -> Result<(), KafkaError> {
-        let mut record = FutureRecord::to(&r.topic).headers(headers::to_kafka(&r.headers));
-        if let Some(p) = r.partition {
-            record = record.partition(p);
-        }
-        if let Some(k) = &r.key {
-            record = record.key(k);
-        }
-        if let Some(v) = &r.payload {
-            record = record.payload(v);
-        }
-        self.producer
-            .send(record, Duration::from_secs(5))
-            .await
-            .map(|_| ())
-            .map_err(|(e, _)| e)
+/// `r` as librdkafka takes it.
+fn future_record(r: &Outgoing) -> FutureRecord<'_, [u8], [u8]> {
+    let mut record = FutureRecord::to(&r.topic).headers(headers::to_kafka(&r.headers));
+    if let Some(p) = r.partition {
+        record = record.partition(p);
     }
+    if let Some(k) = &r.key {
+        record = record.key(k.as_slice());
+    }
+    if let Some(v) = &r.payload {
+        record = record.payload(v.as_slice());
+    }
+    record
 }
 
 #[cfg(test)]

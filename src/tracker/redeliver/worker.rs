@@ -1,12 +1,14 @@
 //! The redelivery worker: turns due deliveries into copies and Ends.
 //!
 //! It runs on its own thread so that slow reads and produces never hold up the markers
-//! consumer. For each job it reads the original records, produces the copies (to the source
-//! partition, or to a dead-letter topic), waits until they are durable, and only then hands the
-//! End markers that let the tracker forget them to the Ends thread (`ender`), which writes them
-//! while the next pass runs. A crash anywhere in between leaves the delivery
-//! in flight in the markers log, so it is redelivered again after a restart: a duplicate at
-//! worst, never a loss.
+//! consumer. For each job it reads the original records (most of them were read ahead,
+//! `read_ahead.rs`), hands the copies to the producer (to the source partition, or to a
+//! dead-letter topic) and passes the pass on to the landing thread (`worker/landing.rs`),
+//! then takes its next job while those copies travel. The landing thread waits until they
+//! are durable and only then hands the End markers that let the tracker forget them to the
+//! Ends thread (`ender`), which writes them while later passes run. A crash anywhere in
+//! between leaves the delivery in flight in the markers log, so it is redelivered again after
+//! a restart: a duplicate at worst, never a loss.
 //!
 //! A copy the broker refuses for good (too large for its topic, a topic the tracker may not
 //! write) goes to the dead-letter topic instead, with reason `copy-rejected`. If the
@@ -18,7 +20,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{Message, OwnedMessage};
@@ -26,25 +28,24 @@ use rdkafka::producer::FutureProducer;
 
 use crate::headers;
 use crate::marker::SourceRef;
-use crate::tracker::metrics::progress::{AlreadyPublished, Published};
-use crate::tracker::metrics::work::{
-    DeadLettered, DeadlineLag, DeliveryParked, Fenced, Redelivered, SourceReadFailed,
-};
+use crate::tracker::metrics::work::{Fenced, SourceReadFailed};
 use crate::tracker::metrics::Problem;
 
 use crate::marker::MAX_BATCH_RECORDS;
 use crate::tracker::config::TrackerConfig;
-use crate::tracker::core::action::{after_refusal, decide, park_wait, Action, DlqReason};
+use crate::tracker::core::action::{decide, Action, DlqReason};
 use crate::tracker::core::copy::copy_headers;
 use crate::tracker::core::fence::Fence;
-use crate::tracker::core::state::{Cause, Expiry};
+use crate::tracker::core::state::Expiry;
 use crate::tracker::metrics::Metrics;
-use crate::tracker::redeliver::ender::Ender;
 use crate::tracker::redeliver::outgoing::{end_marker, settle_ends_marker, Outgoing, Sender};
 use crate::tracker::redeliver::published_check::already_published;
 use crate::tracker::redeliver::read_ahead::ReadAheadCache;
 use crate::tracker::redeliver::scheduled::unpack;
 use crate::tracker::redeliver::source_reader::{ReadOutcome, SourceReader};
+
+mod landing;
+use landing::{Landing, SentPass};
 
 /// Due deliveries of one markers partition, handed over by the consumer thread.
 #[derive(Debug)]
@@ -102,14 +103,15 @@ pub struct Redeliverer {
     stop: Arc<AtomicBool>,
     /// Which partitions this tracker still owns: work for any other is dropped.
     fence: Arc<Fence>,
-    parked: Vec<Parked>,
+    /// Deliveries whose copies every target refused; the landing thread parks them, this
+    /// thread tries them again when due.
+    parked: Arc<Mutex<Vec<Parked>>>,
     /// Records read ahead of their deadline (`read_ahead.rs`), if reading ahead is on.
     read_ahead: Option<Arc<ReadAheadCache>>,
-    /// How often each parked delivery has been refused, for its back-off.
-    refusals: HashMap<SourceRef, u32>,
-    /// Writes the Ends, so the next pass need not wait for them. Declared last: dropped after
-    /// the rest, it waits for the Ends still queued.
-    ender: Ender,
+    /// Waits for the copies of the passes sent, and writes their Ends (`worker/landing.rs`),
+    /// so the next pass need not wait. Declared last: dropped after the rest, it waits for
+    /// the passes still on their way.
+    landing: Landing,
 }
 
 const IDLE_WAKE: Duration = Duration::from_secs(1);
@@ -127,24 +129,28 @@ impl Redeliverer {
         fence: Arc<Fence>,
         read_ahead: Option<Arc<ReadAheadCache>>,
     ) -> Result<Self, crate::tracker::TrackerError> {
-        let ender = Ender::start(
+        let parked = Arc::new(Mutex::new(Vec::new()));
+        let landing = Landing::start(
+            config.clone(),
             producer.clone(),
             metrics.clone(),
             stop.clone(),
             fence.clone(),
+            parked.clone(),
         )
-        .map_err(|e| crate::tracker::TrackerError::Thread(format!("the Ends thread: {e}")))?;
+        .map_err(|e| {
+            crate::tracker::TrackerError::Thread(format!("the landing or Ends thread: {e}"))
+        })?;
         Ok(Redeliverer {
             reader: SourceReader::new(&config, &metrics)?,
-            ender,
+            landing,
             config,
             producer,
             metrics,
             stop,
             fence,
-            parked: Vec::new(),
+            parked,
             read_ahead,
-            refusals: HashMap::new(),
         })
     }
 
@@ -153,8 +159,7 @@ impl Redeliverer {
     pub fn run(mut self, jobs: Receiver<Job>, queued: &AtomicUsize) {
         loop {
             // Wake at least once a second to notice a stop even when no job comes.
-            let wait = self
-                .parked
+            let wait = lock(&self.parked)
                 .iter()
                 .map(|p| p.retry_at.saturating_duration_since(Instant::now()))
                 .min()
@@ -191,9 +196,9 @@ impl Redeliverer {
     /// partition.
     fn retry_parked(&mut self) {
         let now = Instant::now();
-        let (held, revoked): (Vec<Parked>, Vec<Parked>) = self
-            .parked
-            .drain(..)
+        let all = std::mem::take(&mut *lock(&self.parked));
+        let (held, revoked): (Vec<Parked>, Vec<Parked>) = all
+            .into_iter()
             .partition(|p| self.fence.holds(p.markers_partition, p.generation));
         if !revoked.is_empty() {
             self.metrics.emit(Fenced {
@@ -203,7 +208,8 @@ impl Redeliverer {
         }
         let (due, wait): (Vec<Parked>, Vec<Parked>) =
             held.into_iter().partition(|p| p.retry_at <= now);
-        self.parked = wait;
+        // The landing thread may have parked more meanwhile: keep those too.
+        lock(&self.parked).extend(wait);
         let mut jobs: BTreeMap<(i32, u64), Vec<Expiry>> = BTreeMap::new();
         for p in due {
             jobs.entry((p.markers_partition, p.generation))
@@ -223,7 +229,8 @@ impl Redeliverer {
         if !jobs.is_empty() {
             self.handle(jobs);
         }
-        self.metrics.parked(self.parked.len());
+        let parked = lock(&self.parked).len();
+        self.metrics.parked(parked);
     }
 
     fn sender(&self) -> Sender<'_> {
@@ -244,9 +251,16 @@ impl Redeliverer {
             .iter()
             .map(|j| (j.markers_partition, j.generation))
             .collect();
-        let fence = self.fence.clone();
-        let allowed = fence.begin_pass(&work);
-        let _pass = PassGuard(&fence);
+        let allowed = self.fence.begin_pass(&work);
+        let guard = PassGuard {
+            fence: self.fence.clone(),
+            partitions: work
+                .iter()
+                .zip(&allowed)
+                .filter(|(_, ok)| **ok)
+                .map(|((p, _), _)| *p)
+                .collect(),
+        };
         let (jobs, revoked): (Vec<(Job, bool)>, Vec<_>) =
             jobs.into_iter().zip(allowed).partition(|(_, ok)| *ok);
         let dropped: usize = revoked.iter().map(|(j, _)| j.expiries.len()).sum();
@@ -257,10 +271,12 @@ impl Redeliverer {
             });
         }
         let jobs = jobs.into_iter().map(|(j, _)| j);
-        self.pass(jobs.collect(), &fence);
+        self.pass(jobs.collect(), guard);
     }
 
-    fn pass(&mut self, jobs: Vec<Job>, fence: &Fence) {
+    /// Reads the sources of `jobs`' deliveries, sends their copies and hands the pass to the
+    /// landing thread, which waits for them; `guard` ends the fence's pass once it has landed.
+    fn pass(&mut self, jobs: Vec<Job>, guard: PassGuard) {
         let oldest_job = jobs.iter().map(|j| j.taken_at).min();
         let taken_late_ms = jobs
             .iter()
@@ -269,20 +285,30 @@ impl Redeliverer {
             .max()
             .unwrap_or(0);
         let (origins, expiries) = gather(jobs);
-        let pass = PassTiming::start(oldest_job, expiries.len(), taken_late_ms);
+        let timing = PassTiming::start(oldest_job, expiries.len(), taken_late_ms);
         let mut pending = self.read_sources(expiries);
-        let read = pass.started.elapsed();
+        let read = timing.started.elapsed();
         if self.stopping() {
             return;
         }
-        self.drop_revoked(&mut pending, &origins, fence);
+        self.drop_revoked(&mut pending, &origins, &guard.fence);
         let published = self.take_already_published(&mut pending);
-        let Some(refused) = self.send_copies(&mut pending) else {
-            return;
-        };
-        let copied = pass.started.elapsed();
-        self.finish(pending, refused, published, &origins);
-        pass.log(read, copied);
+        let round: Vec<usize> = (0..pending.len())
+            .filter(|&i| pending[i].copy.is_some())
+            .collect();
+        let copies = copies_of(&pending, &round);
+        let started = self.sender().start(&copies);
+        self.landing.land(SentPass {
+            pending,
+            published,
+            origins,
+            round,
+            copies,
+            started,
+            timing,
+            read,
+            guard,
+        });
     }
 
     /// Revoked while reading: nothing of it copied yet, so it is left to the new owner.
@@ -299,96 +325,6 @@ impl Redeliverer {
                 stage: "read",
             });
         }
-    }
-
-    /// After the copies: parks what every target refused, and writes the Ends of what was
-    /// copied (or found published by a previous owner). Only a delivery whose copy is durable
-    /// gets its End; one without a copy (never read, which happens only when stopping) stays
-    /// in flight untouched.
-    fn finish(
-        &mut self,
-        pending: Vec<Pending>,
-        refused: Vec<Option<String>>,
-        published: Vec<Pending>,
-        origins: &Origins,
-    ) {
-        let (done, refused): (Vec<(Pending, Option<String>)>, Vec<_>) = pending
-            .into_iter()
-            .zip(refused)
-            .filter(|(p, _)| p.copy.is_some())
-            .partition(|(_, r)| r.is_none());
-        for (p, why) in refused {
-            if let Some(&o) = origins.get(&p.expiry.source) {
-                self.park(p.expiry, o, why.unwrap_or_default());
-            }
-        }
-        self.metrics.parked(self.parked.len());
-        if done.iter().any(|(p, _)| p.action == Action::Publish) {
-            crate::failpoint::hit("after-publish-durable");
-        }
-        for p in &published {
-            self.metrics.emit(AlreadyPublished {
-                id: &p.expiry.source,
-                target: home_topic(p),
-            });
-        }
-        let done: Vec<Pending> = done.into_iter().map(|(p, _)| p).collect();
-        for p in &done {
-            self.copied(p, origins.get(&p.expiry.source));
-        }
-        let ended = published.iter().chain(&done).filter_map(|p| {
-            let o = origins.get(&p.expiry.source)?;
-            Some((o.markers_partition, &p.expiry.source))
-        });
-        let (partitions, ends) = end_markers(&self.config.markers_topic, ended);
-        // Every copy here is durable: its End may go. The next pass does not wait for it.
-        self.ender.write(partitions, ends);
-    }
-
-    /// A copy of `p` is durable: how late it was, and its count.
-    fn copied(&mut self, p: &Pending, origin: Option<&Origin>) {
-        // A parked delivery's lag is not measured: its first try was when it was due.
-        if let Some(o) = origin.filter(|o| o.taken_at_ms > 0) {
-            let now = o.taken_at_ms as f64 / 1000.0 + o.taken_at.elapsed().as_secs_f64();
-            self.metrics.emit(DeadlineLag {
-                seconds: now - p.expiry.deadline_ms as f64 / 1000.0,
-            });
-        }
-        self.refusals.remove(&p.expiry.source);
-        self.count(p);
-    }
-
-    /// Produces every copy; a copy to the source refused for good goes to the dead-letter
-    /// topic instead. Returns, per pending delivery, why its copy could not be placed anywhere
-    /// (`None` when it was); `None` overall if stopping.
-    fn send_copies(&self, pending: &mut [Pending]) -> Option<Vec<Option<String>>> {
-        let mut refused = vec![None; pending.len()];
-        let mut round: Vec<usize> = (0..pending.len())
-            .filter(|&i| pending[i].copy.is_some())
-            .collect();
-        while !round.is_empty() {
-            let copies: Vec<Outgoing> = round
-                .iter()
-                .filter_map(|&i| pending[i].copy.clone())
-                .collect();
-            let results = self.sender().send_all(&copies)?;
-            let mut next = Vec::new();
-            for (i, result) in round.into_iter().zip(results) {
-                let Err(why) = result else { continue };
-                let p = &mut pending[i];
-                match after_refusal(&p.action, home_topic(p), &why) {
-                    Some(action) => {
-                        // Try the dead-letter topic, once, in the next round.
-                        p.action = action;
-                        p.copy = Some(self.build_copy(&p.expiry, &p.action, p.record.as_ref()));
-                        next.push(i);
-                    }
-                    None => refused[i] = Some(why),
-                }
-            }
-            round = next;
-        }
-        Some(refused)
     }
 
     /// Removes from `pending` the schedules a previous owner of the partition already
@@ -433,55 +369,6 @@ impl Redeliverer {
             });
         *pending = rest;
         published
-    }
-
-    /// Keeps a delivery whose copy nobody accepted in flight, to try again later.
-    fn park(&mut self, expiry: Expiry, origin: Origin, why: String) {
-        let refusals = self.refusals.entry(expiry.source.clone()).or_insert(0);
-        *refusals += 1;
-        let wait = park_wait(*refusals, MAX_PARK);
-        self.metrics.emit(DeliveryParked {
-            source: &expiry.source,
-            why: &why,
-            retry_in: wait,
-        });
-        self.parked.push(Parked {
-            expiry,
-            markers_partition: origin.markers_partition,
-            generation: origin.generation,
-            retry_at: Instant::now() + wait,
-        });
-    }
-
-    fn count(&self, p: &Pending) {
-        match &p.action {
-            Action::Redeliver { attempt } => {
-                let cause = if p.expiry.cause == Cause::Nacked {
-                    "nacked"
-                } else {
-                    "timeout"
-                };
-                self.metrics.emit(Redelivered {
-                    source: &p.expiry.source,
-                    cause,
-                    attempt: *attempt,
-                });
-            }
-            Action::Publish => self.metrics.emit(Published {
-                id: &p.expiry.source,
-                target: home_topic(p),
-            }),
-            Action::DeadLetter { reason, detail } => {
-                let dlq = self.config.dlq_topic_for(home_topic(p));
-                self.metrics.emit(DeadLettered {
-                    source: &p.expiry.source,
-                    attempt: p.expiry.attempt,
-                    dlq: &dlq,
-                    reason: *reason,
-                    detail,
-                });
-            }
-        }
     }
 
     /// Reads every source record, retrying errors that may pass, and builds the copies.
@@ -631,7 +518,7 @@ impl Redeliverer {
                 }
             }
         };
-        let copy = Some(self.build_copy(&expiry, &action, record.as_ref()));
+        let copy = Some(build_copy(&self.config, &expiry, &action, record.as_ref()));
         Pending {
             expiry,
             action,
@@ -639,53 +526,62 @@ impl Redeliverer {
             copy,
         }
     }
+}
 
-    fn build_copy(
-        &self,
-        expiry: &Expiry,
-        action: &Action,
-        record: Option<&OwnedMessage>,
-    ) -> Outgoing {
-        let original = record.map_or_else(Vec::new, |m| headers::from_kafka(m.headers()));
-        let source = &expiry.source;
-        let (what, topic, partition, headers) = match action {
-            Action::Publish => {
-                let mut headers = original;
-                headers.push((
-                    crate::headers::SCHEDULE_ID.into(),
-                    Some(source.to_string().into_bytes()),
-                ));
-                let (topic, partition) = record.map_or((source.topic.to_string(), None), |m| {
-                    (
-                        m.topic().to_string(),
-                        Some(m.partition()).filter(|p| *p >= 0),
-                    )
-                });
-                ("scheduled", topic, partition, headers)
-            }
-            Action::Redeliver { attempt } => (
-                "copy",
-                source.topic.to_string(),
-                Some(source.partition),
-                copy_headers(&original, source, *attempt, None),
-            ),
-            Action::DeadLetter { reason, detail } => (
-                "dead_letter",
-                self.config
-                    .dlq_topic_for(record.map_or(&*source.topic, |m| m.topic())),
-                None,
-                copy_headers(&original, source, expiry.attempt, Some((*reason, detail))),
-            ),
-        };
-        Outgoing {
-            what,
-            topic,
-            partition,
-            key: record.and_then(|m| m.key().map(<[u8]>::to_vec)),
-            payload: record.and_then(|m| m.payload().map(<[u8]>::to_vec)),
-            headers,
+/// The record that redelivers, dead-letters or publishes `expiry`, made from its source
+/// `record` (none when it could not be read).
+fn build_copy(
+    config: &TrackerConfig,
+    expiry: &Expiry,
+    action: &Action,
+    record: Option<&OwnedMessage>,
+) -> Outgoing {
+    let original = record.map_or_else(Vec::new, |m| headers::from_kafka(m.headers()));
+    let source = &expiry.source;
+    let (what, topic, partition, headers) = match action {
+        Action::Publish => {
+            let mut headers = original;
+            headers.push((
+                crate::headers::SCHEDULE_ID.into(),
+                Some(source.to_string().into_bytes()),
+            ));
+            let (topic, partition) = record.map_or((source.topic.to_string(), None), |m| {
+                (
+                    m.topic().to_string(),
+                    Some(m.partition()).filter(|p| *p >= 0),
+                )
+            });
+            ("scheduled", topic, partition, headers)
         }
+        Action::Redeliver { attempt } => (
+            "copy",
+            source.topic.to_string(),
+            Some(source.partition),
+            copy_headers(&original, source, *attempt, None),
+        ),
+        Action::DeadLetter { reason, detail } => (
+            "dead_letter",
+            config.dlq_topic_for(record.map_or(&*source.topic, |m| m.topic())),
+            None,
+            copy_headers(&original, source, expiry.attempt, Some((*reason, detail))),
+        ),
+    };
+    Outgoing {
+        what,
+        topic,
+        partition,
+        key: record.and_then(|m| m.key().map(<[u8]>::to_vec)),
+        payload: record.and_then(|m| m.payload().map(<[u8]>::to_vec)),
+        headers,
     }
+}
+
+/// The copies of `pending[i]` for each `i` of `round`, in that order.
+fn copies_of(pending: &[Pending], round: &[usize]) -> Vec<Outgoing> {
+    round
+        .iter()
+        .filter_map(|&i| pending[i].copy.clone())
+        .collect()
 }
 
 /// Where each due delivery of a pass came from.
@@ -797,13 +693,22 @@ impl PassTiming {
     }
 }
 
-/// Ends the fence's pass however [`Redeliverer::handle`] returns.
-struct PassGuard<'a>(&'a Fence);
+/// Ends the fence's pass for `partitions` when dropped: however [`Redeliverer::pass`] returns,
+/// or once the landing thread is done with the pass.
+struct PassGuard {
+    fence: Arc<Fence>,
+    partitions: Vec<i32>,
+}
 
-impl Drop for PassGuard<'_> {
+impl Drop for PassGuard {
     fn drop(&mut self) {
-        self.0.end_pass();
+        self.fence.end_pass(&self.partitions);
     }
+}
+
+/// The parked deliveries; a poisoned lock only means a panic elsewhere, the list is whole.
+fn lock(parked: &Mutex<Vec<Parked>>) -> MutexGuard<'_, Vec<Parked>> {
+    parked.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

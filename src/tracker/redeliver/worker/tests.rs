@@ -14,6 +14,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
 use crate::marker::{decode, Marker};
+use crate::tracker::core::state::Cause;
 
 /// A mock cluster with a source topic `src` (one record at offset 0), its dead-letter topic and
 /// a markers topic `m`, and a worker that owns markers partition 0.
