@@ -28,7 +28,7 @@ struct Inner {
     last_generation: u64,
     /// Partitions that passes under way act for, and how many passes each: the worker
     /// starts a pass while the copies of the one before are still on their way
-    /// (`redeliver/landing.rs`).
+    /// (`redeliver/worker/landing.rs`).
     busy: HashMap<i32, usize>,
     /// Partitions with Ends handed to the Ends thread and not yet durable, and how many
     /// passes' worth each.
