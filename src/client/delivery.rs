@@ -7,6 +7,7 @@ use crate::events::{Event, EventKind};
 use crate::headers::HeaderList;
 use crate::marker::{duration_to_ms_u32, SourceRef};
 
+use super::body::Body;
 use super::coalesce::Op;
 use super::error::ClientError;
 use super::retry::{unit_random, RetryPolicy};
@@ -41,8 +42,8 @@ use super::settler::Settler;
 /// ```
 pub struct Delivery {
     pub(crate) source: SourceRef,
-    pub(crate) key: Option<Vec<u8>>,
-    pub(crate) payload: Option<Vec<u8>>,
+    /// Key and payload, in one allocation (`body.rs`).
+    pub(crate) body: Body,
     pub(crate) headers: HeaderList,
     pub(crate) timestamp_ms: Option<i64>,
     pub(crate) attempt: u32,
@@ -88,12 +89,12 @@ impl Delivery {
 
     /// The record key.
     pub fn key(&self) -> Option<&[u8]> {
-        self.key.as_deref()
+        self.body.key()
     }
 
     /// The record value.
     pub fn payload(&self) -> Option<&[u8]> {
-        self.payload.as_deref()
+        self.body.payload()
     }
 
     /// The record headers, including the `kr-*` headers of a redelivered copy.

@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+mod body;
 mod broker_check;
 mod coalesce;
 mod concurrent;
@@ -36,7 +37,6 @@ mod schedule_scan;
 mod scheduler;
 mod settler;
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -85,8 +85,10 @@ use settler::{MarkerWriter, Settler};
 /// ```
 pub struct RedeliveryConsumer {
     deliveries: mpsc::Receiver<Vec<Delivery>>,
-    /// The rest of the batch `recv` last took from the channel.
-    ready: VecDeque<Delivery>,
+    /// The rest of the batch `recv` last took from the channel. Taken one by one from the
+    /// batch's own vector: moving a batch of 2,000 deliveries into a queue first was a
+    /// memcpy of about 400 KB per batch in the client's profile.
+    ready: std::vec::IntoIter<Delivery>,
     auto_keep_alive: bool,
     settler: Arc<Settler>,
     stop: Arc<AtomicBool>,
@@ -165,7 +167,7 @@ impl RedeliveryConsumer {
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {
             deliveries: rx,
-            ready: VecDeque::new(),
+            ready: Vec::new().into_iter(),
             auto_keep_alive,
             settler,
             stop,
@@ -184,11 +186,11 @@ impl RedeliveryConsumer {
     /// The next delivery, or `None` once the consumer has stopped: closed, or its poll thread
     /// died ([`failure`](Self::failure) and [`close`](Self::close) then say why).
     pub async fn recv(&mut self) -> Option<Delivery> {
-        if self.ready.is_empty() {
+        if self.ready.as_slice().is_empty() {
             // Cancel-safe: a batch is either still in the channel or already in `ready`.
-            self.ready.extend(self.deliveries.recv().await?);
+            self.ready = self.deliveries.recv().await?.into_iter();
         }
-        let mut d = self.ready.pop_front()?;
+        let mut d = self.ready.next()?;
         if self.auto_keep_alive {
             // Started here, on the application's runtime; the poll thread has none.
             d.auto_keep_alive();
@@ -230,7 +232,7 @@ impl RedeliveryConsumer {
     pub async fn close(mut self) -> Result<(), ClientError> {
         self.stop.store(true, Ordering::Relaxed);
         self.deliveries.close();
-        self.ready.clear();
+        self.ready = Vec::new().into_iter();
         while self.deliveries.try_recv().is_ok() {}
         if let Some(thread) = self.thread.take() {
             let joined = tokio::task::spawn_blocking(move || thread.join());

@@ -52,6 +52,7 @@ use crate::marker::{
 
 use crate::resume::{committed_many, ResumeCheck, Verdict};
 
+use super::body::Body;
 use super::config::{ConsumerConfig, MarkerFormat};
 use super::context::PollContext;
 use super::delivery::Delivery;
@@ -63,8 +64,7 @@ use super::settler::Settler;
 struct Polled {
     source: SourceRef,
     timestamp_ms: Option<i64>,
-    key: Option<Vec<u8>>,
-    payload: Option<Vec<u8>>,
+    body: Body,
     headers: HeaderList,
     attempt: u32,
     timeout: Duration,
@@ -406,8 +406,7 @@ impl Poller {
                 offset: message.offset(),
             },
             timestamp_ms: message.timestamp().to_millis(),
-            key: message.key().map(<[u8]>::to_vec),
-            payload: message.payload().map(<[u8]>::to_vec),
+            body: Body::new(message.key(), message.payload()),
             headers,
             attempt,
             timeout,
@@ -667,8 +666,7 @@ impl Poller {
             .emit(|| Event::new(EventKind::Delivered, p.source.clone(), p.attempt));
         Delivery {
             timestamp_ms: p.timestamp_ms,
-            key: p.key,
-            payload: p.payload,
+            body: p.body,
             headers: p.headers,
             source: p.source,
             attempt: p.attempt,
@@ -849,8 +847,7 @@ mod tests {
         Polled {
             source: SourceRef::new(topic, partition, offset),
             timestamp_ms: None,
-            key: None,
-            payload: None,
+            body: Body::new(None, None),
             headers: Vec::new(),
             attempt: 1,
             timeout: Duration::from_secs(1),
