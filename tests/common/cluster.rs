@@ -156,6 +156,19 @@ impl Cluster {
         );
     }
 
+    /// Starts killed nodes of a private cluster again in one `scripts/kafka resume`, which
+    /// waits until the cluster has all its nodes: resumed one at a time, the first would
+    /// wait for the others; panics if it fails.
+    pub fn resume_nodes(&self, nodes: &[i32]) {
+        let list: Vec<String> = nodes.iter().map(i32::to_string).collect();
+        let list = list.join(" ");
+        let out = self.script_with(&["resume"], &[("KAFKA_NODE", &list)]);
+        assert!(
+            out.status.success(),
+            "scripts/kafka resume of node(s) {list} failed"
+        );
+    }
+
     /// The node id of a private cluster's active controller.
     pub fn controller(&self) -> i32 {
         let out = self.script(&["controller"]);
