@@ -274,13 +274,17 @@ fn inject(
             std::thread::sleep(Duration::from_millis(50));
         }
         // A broker fault hits a node id found now: a partition's current leader, or the
-        // active controller.
+        // active controller. Never a node that is already killed, stopped or cut off: the
+        // metadata goes on naming a killed broker as leader until the controller fences it
+        // (9 s), and pausing a killed node fails (seed 12739245554925437134: node 2 killed at
+        // 259 s, picked as markers leader to stop at 265 s).
+        let away: Vec<i32> = later.iter().filter_map(|(_, f)| f.broker()).collect();
         let node = match fault.kind {
             FaultKind::MarkersLeaderKill | FaultKind::LeaderPause | FaultKind::BrokerPartition => {
-                leader(cluster, &t.markers, fault.target)
+                leader(cluster, &t.markers, fault.target, &away)
             }
-            FaultKind::SourceLeaderKill => leader(cluster, &t.source, fault.target),
-            FaultKind::ControllerKill => Some(cluster.controller()),
+            FaultKind::SourceLeaderKill => leader(cluster, &t.source, fault.target, &away),
+            FaultKind::ControllerKill => Some(cluster.controller()).filter(|n| !away.contains(n)),
             _ => None,
         };
         let broker_fault = !matches!(
@@ -289,7 +293,8 @@ fn inject(
         );
         if FaultKind::CLUSTER.contains(&fault.kind) && broker_fault && node.is_none() {
             println!(
-                "faults: {} skipped: no broker leads or controls now",
+                "faults: {:>6.1}s {} skipped: no broker that is up leads or controls now",
+                started.elapsed().as_secs_f64(),
                 fault.kind
             );
             continue;
@@ -360,12 +365,14 @@ fn inject(
     done
 }
 
-/// The broker leading partition `target` (modulo the count) of `topic`, or of the first
-/// partition that has a leader right now.
-fn leader(cluster: &Cluster, topic: &str, target: usize) -> Option<i32> {
+/// The broker leading partition `target` (modulo the count) of `topic`, or of the next
+/// partition whose leader is up and not in `away`.
+fn leader(cluster: &Cluster, topic: &str, target: usize, away: &[i32]) -> Option<i32> {
     let leaders = cluster.leaders(topic);
     let n = leaders.len();
-    (0..n).map(|i| leaders[(target + i) % n]).find(|&l| l >= 0)
+    (0..n)
+        .map(|i| leaders[(target + i) % n])
+        .find(|l| *l >= 0 && !away.contains(l))
 }
 
 enum Followup {
@@ -382,10 +389,15 @@ impl Followup {
     /// Whether this ends a fault that keeps a broker from the controllers' quorum (brokers'
     /// hosts are `b<node>`; trackers' `t<i>`, workers' `w<i>`).
     fn ends_a_broker_fault(&self) -> bool {
+        self.broker().is_some()
+    }
+
+    /// The broker node whose fault this ends, if it ends one.
+    fn broker(&self) -> Option<i32> {
         match self {
-            Followup::ResumeNode(_) | Followup::Unpause(_) => true,
-            Followup::Heal(host) => host.starts_with('b'),
-            _ => false,
+            Followup::ResumeNode(n) | Followup::Unpause(n) => Some(*n),
+            Followup::Heal(host) => host.strip_prefix('b').and_then(|n| n.parse().ok()),
+            _ => None,
         }
     }
 }
