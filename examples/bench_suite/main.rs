@@ -236,6 +236,22 @@ struct Run {
 }
 
 /// One throughput run: `n` preloaded records consumed as fast as `kind` can.
+/// Marks where a throughput run's consuming starts, for an instruction count of the consumer
+/// alone: `valgrind --tool=callgrind --zero-before=bench_suite::consuming_starts
+/// --dump-before=bench_suite::consuming_ends` dumps the counts of every thread between the two
+/// (the preload's producer and its librdkafka threads left out).
+#[inline(never)]
+fn consuming_starts() {
+    // Different values, so the linker does not fold the two into one symbol.
+    std::hint::black_box(1u8);
+}
+
+/// Where a throughput run's consuming ends (see [`consuming_starts`]).
+#[inline(never)]
+fn consuming_ends() {
+    std::hint::black_box(2u8);
+}
+
 async fn throughput_run(
     brokers: &str,
     kind: Kind,
@@ -264,7 +280,9 @@ async fn throughput_run(
     );
     let target = Arc::new(AtomicUsize::new(n));
     let seen = Arc::new(AtomicUsize::new(0));
+    consuming_starts();
     let got = consume(kind, brokers, &topics, target, seen, LIMIT, unsettled).await?;
+    consuming_ends();
     if got.received < n {
         return Err(format!("{} consumed {} of {n}", kind.name(), got.received).into());
     }

@@ -120,7 +120,9 @@ impl ConsumerConfig {
         self
     }
 
-    /// Sets the bound on unsettled deliveries (at least 1).
+    /// Sets the bound on unsettled deliveries (at least 1). It also bounds the client's
+    /// memory for record bytes: deliveries share their bodies in chunks of up to 32 KiB per
+    /// poll batch, so `n` deliveries hold at most `n` chunks (or their own size, if larger).
     pub fn max_unsettled(mut self, n: usize) -> Self {
         self.max_unsettled = n.max(1);
         self

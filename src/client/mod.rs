@@ -163,6 +163,7 @@ impl RedeliveryConsumer {
             revoked: Default::default(),
             refused_since: Default::default(),
             topics: Default::default(),
+            chunks: Default::default(),
         };
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {

@@ -52,7 +52,7 @@ use crate::marker::{
 
 use crate::resume::{committed_many, ResumeCheck, Verdict};
 
-use super::body::Body;
+use super::body::{Body, Chunks};
 use super::config::{ConsumerConfig, MarkerFormat};
 use super::context::PollContext;
 use super::delivery::Delivery;
@@ -92,6 +92,9 @@ pub(crate) struct Poller {
     pub(crate) refused_since: std::cell::Cell<Option<Instant>>,
     /// One shared name per subscribed topic, given to every record of it (see [`Topics`]).
     pub(crate) topics: Topics,
+    /// The scratch buffer records' bodies are copied into, kept from batch to batch
+    /// (`body.rs`).
+    pub(crate) chunks: std::cell::Cell<Chunks>,
 }
 
 /// The names of the topics records came from, one allocation each: every record's
@@ -282,6 +285,7 @@ impl Poller {
 
     fn poll_batch(&self, limit: usize, wait: Duration) -> Vec<Polled> {
         let mut batch = Vec::new();
+        let mut chunks = self.chunks.take();
         let mut timeout = wait;
         while batch.len() < limit {
             let polled = self.consumer.poll(timeout);
@@ -293,7 +297,7 @@ impl Poller {
             match polled {
                 None => break,
                 Some(Ok(m)) if self.resume_skips(&m) => {}
-                Some(Ok(m)) => batch.push(self.polled(&m)),
+                Some(Ok(m)) => batch.push(self.polled(&m, &mut chunks)),
                 Some(Err(e)) => {
                     self.settler.consumer_error(&e);
                     break;
@@ -301,6 +305,8 @@ impl Poller {
             }
             timeout = Duration::ZERO;
         }
+        chunks.seal(batch.iter_mut().map(|p| &mut p.body));
+        self.chunks.set(chunks);
         batch
     }
 
@@ -389,16 +395,23 @@ impl Poller {
         resuming.push((topic.to_string(), partition, ResumeCheck::at(offset)));
     }
 
-    fn polled(&self, message: &BorrowedMessage<'_>) -> Polled {
+    fn polled(&self, message: &BorrowedMessage<'_>, chunks: &mut Chunks) -> Polled {
         let headers = headers::from_kafka(message.headers());
-        let attempt = checked::attempt(&headers).value().unwrap_or(1);
-        let timeout = checked::timeout(&headers)
-            .value()
-            .unwrap_or(self.config.default_timeout);
-        let odd = checked::odd_ones(&headers);
-        if !odd.is_empty() {
-            self.settler.odd_headers(message.topic(), &odd);
-        }
+        // Most records carry no headers at all: skip the three look-ups (about 200
+        // instructions a record in the client's profile) when there is nothing to look in.
+        let (attempt, timeout) = if headers.is_empty() {
+            (1, self.config.default_timeout)
+        } else {
+            let odd = checked::odd_ones(&headers);
+            if !odd.is_empty() {
+                self.settler.odd_headers(message.topic(), &odd);
+            }
+            let attempt = checked::attempt(&headers).value().unwrap_or(1);
+            let timeout = checked::timeout(&headers)
+                .value()
+                .unwrap_or(self.config.default_timeout);
+            (attempt, timeout)
+        };
         Polled {
             source: SourceRef {
                 topic: self.topics.get(message.topic()),
@@ -406,7 +419,7 @@ impl Poller {
                 offset: message.offset(),
             },
             timestamp_ms: message.timestamp().to_millis(),
-            body: Body::new(message.key(), message.payload()),
+            body: chunks.add(message.key(), message.payload()),
             headers,
             attempt,
             timeout,
