@@ -237,9 +237,10 @@ struct Run {
 
 /// One throughput run: `n` preloaded records consumed as fast as `kind` can.
 /// Marks where a throughput run's consuming starts, for an instruction count of the consumer
-/// alone: `valgrind --tool=callgrind --zero-before=bench_suite::consuming_starts
-/// --dump-before=bench_suite::consuming_ends` dumps the counts of every thread between the two
-/// (the preload's producer and its librdkafka threads left out).
+/// alone: `valgrind --tool=callgrind --dump-before=bench_suite::consuming_starts
+/// --dump-before=bench_suite::consuming_ends` writes the counts of every thread between the
+/// two to the second dump (the preload's producer and its librdkafka threads left out;
+/// `--zero-before` would keep the counts of threads that had already exited).
 #[inline(never)]
 fn consuming_starts() {
     // Different values, so the linker does not fold the two into one symbol.

@@ -25,8 +25,8 @@ const SCRATCH_KEEP: usize = 4 * CHUNK_BYTES;
 
 /// A key and a payload, each present or not, in a chunk shared with other records.
 pub(crate) struct Body {
-    /// `None` only while its batch is still being polled ([`Chunks::seal`] fills it in), and
-    /// for a record with neither key bytes nor payload bytes.
+    /// `None` while its batch is still being polled ([`Chunks::seal`] fills it in); may stay
+    /// `None` for a record with neither key bytes nor payload bytes.
     chunk: Option<Arc<[u8]>>,
     /// Which chunk of its batch, until the batch is sealed.
     chunk_no: usize,
