@@ -35,7 +35,11 @@ const MAX_BACK: i64 = 65_536;
 /// How long the committed-offset look-up and a seek may take.
 const WAIT: Duration = Duration::from_secs(5);
 
-/// How long a check waits for a record before it sends the consumer back a step unasked.
+/// How long a check waits for a record before it sends the consumer back a step unasked. Each
+/// further step waits twice as long as the one before: a broker that answers nothing because
+/// the partition's leader is down (killed, cut off) looks the same as Tansu's empty answer, and
+/// an outage of a few seconds then sends the consumer back a few dozen offsets, not tens of
+/// thousands.
 pub(crate) const STALL: Duration = Duration::from_millis(500);
 
 /// What to do with a record the check has seen.
@@ -61,6 +65,9 @@ pub(crate) struct ResumeCheck {
     at_start: bool,
     /// When the check began, last sent the consumer back, or last saw a record.
     since: Instant,
+    /// How many times it sent the consumer back because nothing came: the next wait is
+    /// [`STALL`] doubled that many times.
+    stalls: u32,
 }
 
 impl ResumeCheck {
@@ -73,6 +80,7 @@ impl ResumeCheck {
             reached: false,
             at_start: false,
             since: Instant::now(),
+            stalls: 0,
         }
     }
 
@@ -139,7 +147,7 @@ impl ResumeCheck {
         let Some(from) = self.from else {
             return true;
         };
-        if self.since.elapsed() < STALL {
+        if self.since.elapsed() < self.stall_wait() {
             return true;
         }
         let Step::Seek(to) = self.stalled_step(from) else {
@@ -168,6 +176,12 @@ impl ResumeCheck {
         }
     }
 
+    /// How long to wait for a record before the next step back: [`STALL`], doubled for each
+    /// step already taken because nothing came (at most 2^9 times, about four minutes).
+    fn stall_wait(&self) -> Duration {
+        STALL.saturating_mul(1 << self.stalls.min(9))
+    }
+
     /// The decision when nothing came for a while: a step back, as for a record past the
     /// resume offset, unless a fetch already started at or before it (then: wait).
     fn stalled_step(&mut self, from: i64) -> Step {
@@ -175,6 +189,7 @@ impl ResumeCheck {
         if self.reached || self.at_start || self.back > MAX_BACK {
             return Step::Skip;
         }
+        self.stalls = self.stalls.saturating_add(1);
         self.step(from.saturating_add(1), from)
     }
 
@@ -201,6 +216,96 @@ impl ResumeCheck {
         self.at_start = to == 0;
         self.back = self.back.saturating_mul(4);
         Step::Seek(to)
+    }
+}
+
+/// The open checks of a consumer's partitions, one at most per partition: the client's poll
+/// thread keeps one list for its whole assignment.
+///
+/// Who may replace an open check matters. A check that was sent back (a record past its
+/// resume offset, or nothing for a while) has moved the consumer *before* its resume offset,
+/// and only the check knows that the records up to that offset are to be skipped. A seek of
+/// our own ([`ResumeChecks::sought`]) and a rebalance ([`ResumeChecks::rebalanced`]) set a new
+/// resume offset and replace it; fetching resumed after a pause
+/// ([`ResumeChecks::fetch_resumed`]) does not. Had it replaced the check with one at the
+/// consumer's position, everything from there to the old resume offset would have been handed
+/// out again: the long cluster fault runs of 2026-12-03 re-delivered 72,000 records that way,
+/// after a partition's leader was down for long enough to send a check 65,536 offsets back.
+#[derive(Debug, Default)]
+pub(crate) struct ResumeChecks(Vec<(String, i32, ResumeCheck)>);
+
+impl ResumeChecks {
+    /// Whether no partition is being checked (the rule but for a moment after a rebalance).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn position(&self, topic: &str, partition: i32) -> Option<usize> {
+        self.0
+            .iter()
+            .position(|(t, p, _)| *p == partition && t == topic)
+    }
+
+    /// The consumer was sent to `offset` by a seek of its own (to poll a batch again): the
+    /// partition resumes there, whatever was checked before.
+    pub(crate) fn sought(&mut self, topic: &str, partition: i32, offset: i64) {
+        if let Some(i) = self.position(topic, partition) {
+            self.0.swap_remove(i);
+        }
+        self.0
+            .push((topic.to_string(), partition, ResumeCheck::at(offset)));
+    }
+
+    /// Fetching resumed at `position` after a pause, which may lie inside a record batch.
+    /// An open check stays as it is: its resume offset is where the partition really
+    /// resumes, and the position may lie before it.
+    pub(crate) fn fetch_resumed(&mut self, topic: &str, partition: i32, position: i64) {
+        if self.position(topic, partition).is_none() {
+            self.0
+                .push((topic.to_string(), partition, ResumeCheck::at(position)));
+        }
+    }
+
+    /// A rebalance moved `moved` (assigned or revoked): their checks end, and the partitions
+    /// assigned resume at their committed offsets (`committed`; one without is not checked).
+    pub(crate) fn rebalanced(
+        &mut self,
+        moved: &[(String, i32)],
+        committed: Vec<(String, i32, i64)>,
+    ) {
+        self.0
+            .retain(|(t, p, _)| !moved.iter().any(|(mt, mp)| mt == t && mp == p));
+        for (topic, partition, at) in committed {
+            self.0.push((topic, partition, ResumeCheck::at(at)));
+        }
+    }
+
+    /// Whether the record of `topic`/`partition` at `offset` is to be dropped while its
+    /// partition's resume is checked (see [`ResumeCheck::check`]); a kept one ends the check.
+    pub(crate) fn skips<C: ConsumerContext>(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> bool {
+        let Some(i) = self.position(topic, partition) else {
+            return false;
+        };
+        match self.0[i].2.check(consumer, topic, partition, offset) {
+            Verdict::Skip => true,
+            Verdict::Keep => {
+                self.0.swap_remove(i);
+                false
+            }
+        }
+    }
+
+    /// Sends back the partitions whose checks saw no record for a while (see
+    /// [`ResumeCheck::stalled`]); a check whose seek failed ends.
+    pub(crate) fn stalled<C: ConsumerContext>(&mut self, consumer: &BaseConsumer<C>) {
+        self.0
+            .retain_mut(|(topic, partition, check)| check.stalled(consumer, topic, *partition));
     }
 }
 
@@ -316,6 +421,90 @@ mod tests {
         assert_eq!(c.step(39, 40), Step::Skip);
         assert_eq!(c.stalled_step(40), Step::Skip);
         assert_eq!(c.step(40, 40), Step::Keep, "the next record produced");
+    }
+
+    /// The decision for a record at `offset`, against the check's own resume offset.
+    fn verdict(c: &mut ResumeCheck, offset: i64) -> Step {
+        let from = c.from.expect("a resume offset");
+        c.step(offset, from)
+    }
+
+    /// A partition's leader is down for a long while after a seek: every stall sends the
+    /// consumer further back, to 65,536 before the resume offset at most. A pause and resume
+    /// of fetching then must not make the consumer's position the new resume offset, or
+    /// every record from there on is handed out again.
+    #[test]
+    fn fetch_resumed_inside_a_walked_back_check_keeps_its_resume_offset() {
+        let mut checks = ResumeChecks::default();
+        checks.sought("t", 0, 100_000);
+        let mut deepest = 100_000;
+        while let Step::Seek(to) = checks.0[0].2.stalled_step(100_000) {
+            deepest = to;
+        }
+        assert_eq!(deepest, 100_000 - MAX_BACK);
+        checks.fetch_resumed("t", 0, 60_000);
+        assert_eq!(checks.0.len(), 1);
+        let c = &mut checks.0[0].2;
+        for skipped in [60_000, 99_999] {
+            assert_eq!(
+                verdict(c, skipped),
+                Step::Skip,
+                "{skipped} was handed out before"
+            );
+        }
+        assert_eq!(verdict(c, 100_000), Step::Keep);
+    }
+
+    #[test]
+    fn fetch_resumed_without_a_check_checks_from_the_position() {
+        let mut checks = ResumeChecks::default();
+        checks.fetch_resumed("t", 0, 40);
+        checks.fetch_resumed("t", 1, 7);
+        assert_eq!(verdict(&mut checks.0[0].2, 40), Step::Keep);
+        assert_eq!(verdict(&mut checks.0[1].2, 9), Step::Seek(6));
+    }
+
+    #[test]
+    fn a_seek_of_our_own_replaces_the_check() {
+        let mut checks = ResumeChecks::default();
+        checks.sought("t", 0, 500);
+        checks.sought("t", 0, 300);
+        assert_eq!(checks.0.len(), 1);
+        assert_eq!(verdict(&mut checks.0[0].2, 300), Step::Keep);
+    }
+
+    #[test]
+    fn a_rebalance_ends_the_checks_of_partitions_moved_and_checks_those_assigned() {
+        let mut checks = ResumeChecks::default();
+        checks.sought("t", 0, 10);
+        checks.sought("t", 1, 20);
+        let moved = [("t".to_string(), 1), ("t".to_string(), 2)];
+        checks.rebalanced(&moved, vec![("t".to_string(), 2, 30)]);
+        let open: Vec<(i32, Option<i64>)> = checks.0.iter().map(|(_, p, c)| (*p, c.from)).collect();
+        assert_eq!(open, [(0, Some(10)), (2, Some(30))]);
+    }
+
+    /// A leader down for ten seconds sends the consumer back in four steps, to 64 offsets
+    /// before the resume offset, not in nine to 65,536.
+    #[test]
+    fn each_step_back_for_nothing_waits_twice_as_long() {
+        let mut c = ResumeCheck::at(1_000_000);
+        let mut waited = Duration::ZERO;
+        let mut steps = 0;
+        loop {
+            waited += c.stall_wait();
+            if waited > Duration::from_secs(10) {
+                break;
+            }
+            assert!(matches!(c.stalled_step(1_000_000), Step::Seek(_)));
+            steps += 1;
+        }
+        assert_eq!(steps, 4);
+        assert_eq!(c.back, 256, "the next step would go 256 back");
+        for _ in 0..20 {
+            c.stalled_step(1_000_000);
+        }
+        assert_eq!(c.stall_wait(), STALL * 512, "capped");
     }
 
     #[test]

@@ -50,7 +50,7 @@ use crate::marker::{
     duration_to_ms_u32, Marker, Offsets, SourceRef, StartBatch, MAX_BATCH_RECORDS,
 };
 
-use crate::resume::{committed_many, ResumeCheck, Verdict};
+use crate::resume::{committed_many, ResumeChecks};
 
 use super::body::{Body, Chunks};
 use super::config::{ConsumerConfig, MarkerFormat};
@@ -84,7 +84,7 @@ pub(crate) struct Poller {
     pub(crate) held: RefCell<BTreeMap<(String, i32), i64>>,
     /// Partitions assigned or sought whose first record is not checked yet: where they
     /// resume is checked ([`crate::resume`]). Empty but for a moment after a rebalance.
-    pub(crate) resuming: RefCell<Vec<(String, i32, ResumeCheck)>>,
+    pub(crate) resuming: RefCell<ResumeChecks>,
     /// Partitions a rebalance took away since the batches in flight were last told (see
     /// [`InFlight::revoked`]).
     pub(crate) revoked: RefCell<Vec<(String, i32)>>,
@@ -320,19 +320,16 @@ impl Poller {
         self.revoked
             .borrow_mut()
             .extend(changes.revoked.iter().cloned());
-        let mut resuming = self.resuming.borrow_mut();
-        resuming.retain(|(t, p, _)| {
-            !changes
-                .revoked
-                .iter()
-                .chain(&changes.assigned)
-                .any(|(rt, rp)| rt == t && rp == p)
-        });
+        let moved: Vec<(String, i32)> = changes
+            .revoked
+            .iter()
+            .chain(&changes.assigned)
+            .cloned()
+            .collect();
         // One look-up for all of them, here rather than on each one's first record. A
         // partition with nothing committed starts where `auto.offset.reset` says: unchecked.
-        for (topic, partition, at) in committed_many(&self.consumer, &changes.assigned) {
-            resuming.push((topic, partition, ResumeCheck::at(at)));
-        }
+        let committed = committed_many(&self.consumer, &changes.assigned);
+        self.resuming.borrow_mut().rebalanced(&moved, committed);
         changes.revoked
     }
 
@@ -340,59 +337,37 @@ impl Poller {
     /// the resume offset, or the consumer was sent back and it will come again in order).
     fn resume_skips(&self, m: &BorrowedMessage<'_>) -> bool {
         let mut resuming = self.resuming.borrow_mut();
-        if resuming.is_empty() {
-            return false;
-        }
-        let (topic, partition) = (m.topic(), m.partition());
-        let Some(i) = resuming
-            .iter()
-            .position(|(t, p, _)| *p == partition && t == topic)
-        else {
-            return false;
-        };
-        match resuming[i]
-            .2
-            .check(&self.consumer, topic, partition, m.offset())
-        {
-            Verdict::Skip => true,
-            Verdict::Keep => {
-                resuming.swap_remove(i);
-                false
-            }
-        }
+        !resuming.is_empty() && resuming.skips(&self.consumer, m.topic(), m.partition(), m.offset())
     }
 
     /// Checks that saw no record for a while send their partition back a step (see
-    /// [`ResumeCheck::stalled`]): a broker may answer a fetch inside the last batch with
+    /// [`crate::resume::ResumeCheck::stalled`]): a broker may answer a fetch inside the last batch with
     /// nothing.
     fn check_stalled_resumes(&self) {
         let mut resuming = self.resuming.borrow_mut();
-        if resuming.is_empty() {
-            return;
+        if !resuming.is_empty() {
+            resuming.stalled(&self.consumer);
         }
-        resuming.retain_mut(|(topic, partition, check)| {
-            check.stalled(&self.consumer, topic, *partition)
-        });
     }
 
     /// After a resume of fetching, each partition's next record is checked against its
-    /// position (see [`crate::resume`]).
+    /// position (see [`crate::resume`]), unless its resume is being checked already: then
+    /// the position may lie before the resume offset (`ResumeChecks::fetch_resumed`).
     fn check_resumes_at_positions(&self) {
         let Ok(positions) = self.consumer.position() else {
             return;
         };
+        let mut resuming = self.resuming.borrow_mut();
         for e in positions.elements() {
             if let Offset::Offset(at) = e.offset() {
-                self.check_resume_at(e.topic(), e.partition(), at);
+                resuming.fetch_resumed(e.topic(), e.partition(), at);
             }
         }
     }
 
     /// After a seek of our own, the partition's resume is checked like after an assignment.
     fn check_resume_at(&self, topic: &str, partition: i32, offset: i64) {
-        let mut resuming = self.resuming.borrow_mut();
-        resuming.retain(|(t, p, _)| !(t == topic && *p == partition));
-        resuming.push((topic.to_string(), partition, ResumeCheck::at(offset)));
+        self.resuming.borrow_mut().sought(topic, partition, offset);
     }
 
     fn polled(&self, message: &BorrowedMessage<'_>, chunks: &mut Chunks) -> Polled {

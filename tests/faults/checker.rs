@@ -166,26 +166,57 @@ impl Checker {
     }
 }
 
-/// Names the fault that most likely caused a record to be settled twice: a worker that held
-/// it while stopped or killed, else the tracker or broker fault just before its second
-/// delivery.
+/// Names the fault that most likely caused a record to be settled twice: a worker stopped or
+/// killed while it held a delivery of it (received, not yet settled), else the tracker or
+/// broker fault in the minute before its second delivery, else the worker fault in that
+/// minute, else none ("unattributed").
+///
+/// Held, not merely received before: a worker stopped long after it acked a record is not to
+/// blame for that record's second delivery. (Counted by "received before" until 2026-12-03,
+/// every duplicate of a record whose worker was stopped at any later time went to the stops,
+/// which hid 72,000 records re-read after a resume check was replaced: RELIABILITY.md.)
 fn blame(events: &[Event], incarnations: &[Incarnation], faults: &[(u64, Fault)]) -> String {
-    let received: Vec<&Event> = events.iter().filter(|e| e.outcome == "received").collect();
-    let held_while = |pred: &dyn Fn(&Incarnation, u64) -> bool| {
-        received
+    let mut received: Vec<&Event> = events.iter().filter(|e| e.outcome == "received").collect();
+    received.sort_by_key(|e| e.at_ms);
+    // When the incarnation that received `e` settled that delivery, if it did.
+    let settled_at = |e: &Event| {
+        events
             .iter()
-            .any(|e| pred(&incarnations[e.incarnation], e.at_ms))
+            .filter(|s| {
+                s.incarnation == e.incarnation
+                    && s.coordinates == e.coordinates
+                    && s.at_ms >= e.at_ms
+                    && matches!(s.outcome.as_str(), "ack" | "nack" | "reject")
+            })
+            .map(|s| s.at_ms)
+            .min()
     };
-    if held_while(&|inc, at| inc.stopped.iter().any(|&(from, _)| from >= at)) {
+    let held_at = |e: &Event, t: u64| e.at_ms <= t && settled_at(e).is_none_or(|s| s > t);
+    if received.iter().any(|e| {
+        incarnations[e.incarnation]
+            .stopped
+            .iter()
+            .any(|&(from, _)| held_at(e, from))
+    }) {
         return FaultKind::WorkerStop.to_string();
     }
-    if held_while(&|inc, at| inc.killed_at_ms.is_some_and(|k| k >= at)) {
+    if received.iter().any(|e| {
+        incarnations[e.incarnation]
+            .killed_at_ms
+            .is_some_and(|k| held_at(e, k))
+    }) {
         return FaultKind::WorkerKill.to_string();
     }
+    // A worker killed or stopped after its batch's Starts were durable but before it handed
+    // the batch out never received it: the last fault of any kind in the minute before the
+    // second delivery, an infrastructure one first.
     let second = received.get(1).map_or(u64::MAX, |e| e.at_ms);
-    faults
-        .iter()
-        .rev()
-        .find(|(at, f)| *at <= second && second - at < 60_000 && f.kind.is_infrastructure())
+    let before = |infrastructure: bool| {
+        faults.iter().rev().find(|(at, f)| {
+            *at <= second && second - at < 60_000 && f.kind.is_infrastructure() == infrastructure
+        })
+    };
+    before(true)
+        .or_else(|| before(false))
         .map_or_else(|| "unattributed".to_string(), |(_, f)| f.kind.to_string())
 }

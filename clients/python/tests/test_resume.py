@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kafka_redelivery.resume import MAX_BACK, ResumeCheck, Step
+from kafka_redelivery.resume import MAX_BACK, ResumeCheck, Step, resumed_fetching
 
 
 def test_resuming_where_it_should_ends_the_check_at_once() -> None:
@@ -59,3 +59,28 @@ def test_a_check_that_gets_nothing_while_records_lie_past_it_is_sent_back() -> N
     for dropped in range(5):
         assert c.step(dropped) is Step.SKIP
     assert c.step(5) is Step.KEEP
+
+
+def test_fetching_resumed_inside_a_walked_back_check_keeps_its_resume_offset() -> None:
+    # The leader was down for long: stalls sent the consumer far before 100,000. Fetching
+    # resumed at 60,000 after a pause must not hand out 60,000..99,999 again.
+    checks = {("t", 0): ResumeCheck(100_000)}
+    while checks[("t", 0)].stalled(200_000) is Step.SEEK:
+        pass
+    assert checks[("t", 0)].seek_to == 100_000 - MAX_BACK
+    assert checks[("t", 0)].stalled(200_000) is Step.SKIP, "sent back as far as it goes: waits"
+    resumed_fetching(checks, [("t", 0, 60_000), ("t", 1, 7)])
+    assert checks[("t", 0)].step(60_000) is Step.SKIP
+    assert checks[("t", 0)].step(99_999) is Step.SKIP
+    assert checks[("t", 0)].step(100_000) is Step.KEEP
+    assert checks[("t", 1)].resume_at == 7, "a partition without a check is checked from there"
+
+
+def test_each_step_back_for_nothing_waits_twice_as_long() -> None:
+    c = ResumeCheck(1_000_000)
+    waits = []
+    for _ in range(12):
+        waits.append(c.stall_wait)
+        c.stalled(2_000_000)
+    assert waits[:4] == [0.5, 1.0, 2.0, 4.0]
+    assert waits[-1] == 0.5 * 2**9, "capped"

@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from . import headers as hdr
 from . import markers as m
-from .resume import ResumeCheck, Step
+from .resume import ResumeCheck, Step, resumed_fetching
 from .retry import RetryPolicy
 
 log = logging.getLogger("kafka_redelivery")
@@ -341,7 +341,14 @@ class RedeliveryConsumer:
                 self._consumer.pause(assignment)
             else:
                 self._consumer.resume(assignment)
-                self._check_resumes_at(self._consumer.position(assignment))
+                resumed_fetching(
+                    self._resuming,
+                    (
+                        (tp.topic, tp.partition, tp.offset)
+                        for tp in self._consumer.position(assignment)
+                        if tp.error is None and tp.offset >= 0
+                    ),
+                )
             self._paused = pause
         except KafkaException as e:
             log.warning("could not pause/resume fetching: %s", e)

@@ -17,18 +17,27 @@ offset and still passes it, and is accepted as it is.
 Such a broker answers a fetch inside the *last* batch of a partition with nothing at all, so a
 check that sees no record for a while (:data:`STALL_S`) asks for the partition's end offset:
 at or before the resume offset, there is nothing to skip and the check ends; past it, the
-consumer is sent further back as if a later record had come.
+consumer is sent further back as if a later record had come. Each further step waits twice as
+long: a partition whose leader is down (killed, cut off) gets nothing either, and an outage of
+a few seconds then sends the consumer back a few dozen offsets, not tens of thousands.
+
+Only a seek of ours or a rebalance sets a new resume offset. Fetching resumed after a pause
+leaves an open check as it is (:func:`resumed_fetching`): the check may have sent the consumer
+before its resume offset, and made the resume offset, that position would have every record
+from there on handed out again.
 """
 
 from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterable
 
 #: How far back the check goes at most: far beyond any record batch a producer writes.
 MAX_BACK = 65_536
 
-#: How long a check waits for a record before it asks for the partition's end offset.
+#: How long a check waits for a record before it asks for the partition's end offset; doubled
+#: for each step back already taken because nothing came (at most 2**9 times).
 STALL_S = 0.5
 
 
@@ -59,6 +68,8 @@ class ResumeCheck:
         self._at_start = False
         #: When the check began or last sent the consumer back (``time.monotonic``).
         self.since = time.monotonic()
+        # How many times :meth:`stalled` sent the consumer back.
+        self._stalls = 0
 
     def step(self, offset: int) -> Step:
         """The verdict on a record at ``offset``."""
@@ -83,15 +94,36 @@ class ResumeCheck:
         self.since = time.monotonic()
         if end <= self.resume_at:
             return Step.KEEP
-        if self._reached or self._at_start:
+        # Sent back as far as it goes: wait for the fetch. Ended here (``KEEP``), the check
+        # would let every record from 65,536 before the resume offset on be handed out again.
+        if self._reached or self._at_start or self._back > MAX_BACK:
             return Step.SKIP
-        return self.step(end)
+        step = self.step(end)
+        if step is Step.SEEK:
+            self._stalls += 1
+        return step
+
+    @property
+    def stall_wait(self) -> float:
+        """Seconds without a record before :meth:`stalled` is asked: :data:`STALL_S`, doubled
+        for each step back it already took."""
+        return STALL_S * float(1 << min(self._stalls, 9))
 
     def is_stalled(self, now: float) -> bool:
-        """Whether no record came for this check within :data:`STALL_S`."""
-        return now - self.since >= STALL_S
+        """Whether no record came for this check within :attr:`stall_wait`."""
+        return now - self.since >= self.stall_wait
 
     @property
     def gave_up(self) -> bool:
         """Whether the last ``KEEP`` was given because no fetch started early enough."""
         return self._back > MAX_BACK and not (self._reached or self._at_start)
+
+
+def resumed_fetching(
+    checks: dict[tuple[str, int], ResumeCheck], positions: Iterable[tuple[str, int, int]]
+) -> None:
+    """Fetching resumed after a pause at ``positions`` (topic, partition, offset): a partition
+    without an open check is checked from its position; an open check keeps its resume offset,
+    since the position may lie before it."""
+    for topic, partition, offset in positions:
+        checks.setdefault((topic, partition), ResumeCheck(offset))
