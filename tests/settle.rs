@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kafka_redelivery::client::{ConsumerConfig, RedeliveryConsumer};
+use kafka_redelivery::client::{ConsumerConfig, Delivery, RedeliveryConsumer};
 use kafka_redelivery::headers;
 use kafka_redelivery::marker::SourceRef;
 
@@ -22,15 +22,18 @@ async fn acked_records_are_never_redelivered() {
     produce_many(&t.source, 2, "ack", 20).await;
     let mut deliveries = Vec::new();
     let mut first = None;
-    for _ in 0..20 {
-        let d = c
-            .recv_timeout(Duration::from_secs(60))
+    // Taken a batch at a time (`recv_batch`), as a batch worker would.
+    while deliveries.len() < 20 {
+        let batch = tokio::time::timeout(Duration::from_secs(60), c.recv_batch())
             .await
-            .expect("delivery");
+            .expect("a batch within a minute")
+            .expect("the consumer runs");
+        assert!(!batch.is_empty());
         first.get_or_insert_with(Instant::now);
-        assert_eq!(d.attempt(), 1);
-        deliveries.push(d);
+        deliveries.extend(batch);
     }
+    assert_eq!(deliveries.len(), 20, "no more than was produced");
+    assert!(deliveries.iter().all(|d| d.attempt() == 1));
     let mut keys: Vec<_> = deliveries
         .iter()
         .map(|d| d.key().map(<[u8]>::to_vec))
@@ -38,10 +41,23 @@ async fn acked_records_are_never_redelivered() {
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), 20);
-    // Acked together, as a handler pool would.
-    for acked in futures::future::join_all(deliveries.into_iter().map(|d| d.ack())).await {
+    // Half acked each on its own and together, as a handler pool would; half in one
+    // `ack_all`, as a batch worker would.
+    let each = deliveries.split_off(10);
+    let (one_by_one, all) = futures::future::join(
+        futures::future::join_all(each.into_iter().map(|d| d.ack())),
+        Delivery::ack_all(deliveries),
+    )
+    .await;
+    for acked in one_by_one {
         acked.unwrap();
     }
+    all.unwrap();
+    assert_eq!(
+        c.unsettled(),
+        0,
+        "every ack freed its place under the bound"
+    );
     let settled_in = first.map_or(Duration::ZERO, |f| f.elapsed());
     tracker.wait_ready().await;
     // Past every deadline nothing has come back, and the tracker holds nothing.

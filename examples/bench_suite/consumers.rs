@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
-use kafka_redelivery::client::{ConsumerConfig, MarkerFormat, RedeliveryConsumer};
+use kafka_redelivery::client::{ConsumerConfig, Delivery, MarkerFormat, RedeliveryConsumer};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -59,6 +59,31 @@ static OURS_FORMAT: std::sync::OnceLock<MarkerFormat> = std::sync::OnceLock::new
 
 pub fn set_ours_format(format: MarkerFormat) {
     let _ = OURS_FORMAT.set(format);
+}
+
+/// How "ours" settles what it receives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Acks {
+    /// One `ack()` future per delivery.
+    #[default]
+    Each,
+    /// One `Delivery::ack_all` per batch from `recv_batch`.
+    Batch,
+}
+
+/// How "ours" settles, chosen once on the command line.
+static OURS_ACKS: std::sync::OnceLock<Acks> = std::sync::OnceLock::new();
+
+pub fn set_ours_acks(acks: Acks) {
+    let _ = OURS_ACKS.set(acks);
+}
+
+pub fn parse_acks(s: &str) -> Result<Acks, String> {
+    match s {
+        "each" => Ok(Acks::Each),
+        "batch" => Ok(Acks::Batch),
+        _ => Err(format!("`{s}`: `each` or `batch`")),
+    }
 }
 
 /// librdkafka settings "ours" passes to its client (consumer and markers producer), chosen once
@@ -318,8 +343,10 @@ fn floor(
 /// The client library. Acks are pipelined as an application would: each `ack()` future goes
 /// into one `FuturesUnordered` driven by the receive loop, so many Ends are on their way at
 /// once without a task per record (a `tokio::spawn` per ack cost more CPU than our whole
-/// settlement path; BENCHMARKS.md, "Client cost per record"). With `unsettled` > 0, that
-/// share of first deliveries is abandoned and acked when it comes back.
+/// settlement path; BENCHMARKS.md, "Client cost per record"). With `--ours-acks batch` it
+/// works a batch at a time instead: `recv_batch`, then one `Delivery::ack_all` per batch.
+/// With `unsettled` > 0, that share of first deliveries is abandoned and acked when it comes
+/// back.
 async fn ours(
     brokers: &str,
     topics: &Topics,
@@ -346,40 +373,65 @@ async fn ours(
     let started = Instant::now();
     let mut steady = Steady::new(target.load(Ordering::Relaxed));
     let mut c = RedeliveryConsumer::new(config).await?;
-    let mut acked = 0usize;
     let mut lat = Vec::new();
-    let mut acks = FuturesUnordered::new();
+    // What the application does with a delivery before settling it: note it, and abandon
+    // the `unsettled` share of first deliveries (`None`).
+    let mut take = |d: Delivery| {
+        let handed = seen.fetch_add(1, Ordering::Relaxed) + 1;
+        steady.saw(handed);
+        if d.attempt() == 1 {
+            lat.push(
+                d.timestamp_ms()
+                    .map_or(0.0, |ts| (now_ms() - ts as f64).max(0.0)),
+            );
+            if rand::random::<f64>() < unsettled {
+                d.abandon();
+                return None;
+            }
+        }
+        Some(d)
+    };
     let give_up = tokio::time::sleep(limit.saturating_sub(started.elapsed()));
     tokio::pin!(give_up);
     // The target can grow while nothing arrives (a fixed-load run sets it when its producer
     // is done): look at it again now and then.
     let mut recheck = tokio::time::interval(Duration::from_millis(10));
-    while acked < target.load(Ordering::Relaxed) {
-        tokio::select! {
-            biased;
-            Some(done) = acks.next() => {
-                if Result::is_ok(&done) {
-                    acked += 1;
+    let mut acked = 0usize;
+    if OURS_ACKS.get().copied().unwrap_or_default() == Acks::Batch {
+        let mut acks = FuturesUnordered::new();
+        while acked < target.load(Ordering::Relaxed) {
+            tokio::select! {
+                biased;
+                Some(done) = acks.next() => acked += Result::unwrap_or(done, 0),
+                got = c.recv_batch() => {
+                    let Some(batch) = got else { break };
+                    let kept: Vec<Delivery> = batch.into_iter().filter_map(&mut take).collect();
+                    let n = kept.len();
+                    acks.push(async move { Delivery::ack_all(kept).await.map(|()| n) });
                 }
+                _ = recheck.tick() => {}
+                () = &mut give_up => break,
             }
-            got = c.recv() => {
-                let Some(d) = got else { break };
-                let handed = seen.fetch_add(1, Ordering::Relaxed) + 1;
-                steady.saw(handed);
-                if d.attempt() == 1 {
-                    lat.push(
-                        d.timestamp_ms()
-                            .map_or(0.0, |ts| (now_ms() - ts as f64).max(0.0)),
-                    );
-                    if rand::random::<f64>() < unsettled {
-                        d.abandon();
-                        continue;
+        }
+    } else {
+        let mut acks = FuturesUnordered::new();
+        while acked < target.load(Ordering::Relaxed) {
+            tokio::select! {
+                biased;
+                Some(done) = acks.next() => {
+                    if Result::is_ok(&done) {
+                        acked += 1;
                     }
                 }
-                acks.push(d.ack());
+                got = c.recv() => {
+                    let Some(d) = got else { break };
+                    if let Some(d) = take(d) {
+                        acks.push(d.ack());
+                    }
+                }
+                _ = recheck.tick() => {}
+                () = &mut give_up => break,
             }
-            _ = recheck.tick() => {}
-            () = &mut give_up => break,
         }
     }
     let received = acked;

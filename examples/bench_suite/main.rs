@@ -77,6 +77,10 @@ struct Args {
     /// writes its markers in it too.
     #[arg(long, default_value = "v2", value_parser = consumers::parse_format)]
     ours_format: kafka_redelivery::client::MarkerFormat,
+    /// How ours' application settles: `each` delivery with its own `ack()` future (a handler
+    /// pool's way), or each poll `batch` with one `Delivery::ack_all` (a batch worker's way).
+    #[arg(long, default_value = "each", value_parser = consumers::parse_acks)]
+    ours_acks: consumers::Acks,
     /// A librdkafka setting for ours' client (repeatable), e.g. `--ours-set linger.ms=0`.
     #[arg(long, value_name = "KEY=VALUE", value_parser = consumers::parse_setting)]
     ours_set: Vec<(String, String)>,
@@ -627,6 +631,7 @@ fn write_plots(out: &std::path::Path, results: &Results) -> Result<(), Error> {
 async fn main() -> Result<(), Error> {
     let args = Args::parse();
     consumers::set_ours_format(args.ours_format);
+    consumers::set_ours_acks(args.ours_acks);
     consumers::set_ours_settings(args.ours_set.clone());
     kafka::set_settling(!args.quick);
     let plan = Plan::of(&args);

@@ -72,8 +72,45 @@ struct Gathered {
 }
 
 impl Gathered {
+    fn new(source: &SourceRef, max_records: usize) -> Self {
+        // Sized for a full marker at once: growing these vectors one push at a time showed in
+        // the profile.
+        let room = max_records.min(GATHER_CAPACITY);
+        Gathered {
+            topic: source.topic.clone(),
+            partition: source.partition,
+            ends: Vec::with_capacity(room),
+            settle: Settle::new(source.topic.to_string(), source.partition),
+            count: 0,
+            reason_bytes: 0,
+            waiters: Vec::with_capacity(room),
+        }
+    }
+
     fn is_full(&self, max_records: usize) -> bool {
         self.count >= max_records || self.reason_bytes >= MAX_REASON_BYTES_PER_MARKER
+    }
+
+    /// Whether a settlement of `source` may go into this gathering.
+    fn holds(&self, source: &SourceRef, max_records: usize) -> bool {
+        self.partition == source.partition
+            && !self.is_full(max_records)
+            && (Arc::ptr_eq(&self.topic, &source.topic) || self.topic == source.topic)
+    }
+
+    /// Adds the settlement `op` of `offset`; whether the gathering is now full.
+    fn push(&mut self, offset: i64, op: Op, max_records: usize) -> bool {
+        match op {
+            Op::End => self.ends.push(offset),
+            Op::Nack(delay) => self.settle.nacks.push((offset, delay)),
+            Op::Reject(reason) => {
+                self.reason_bytes += reason.len().min(crate::marker::MAX_REASON_BYTES);
+                self.settle.rejects.push((offset, reason));
+            }
+            Op::KeepAlive(timeout) => self.settle.keep_alives.push((offset, timeout)),
+        }
+        self.count += 1;
+        self.is_full(max_records)
     }
 
     fn into_marker(self) -> (Marker, bool, Vec<Answer>) {
@@ -147,41 +184,56 @@ impl Coalescer {
         if p.closed {
             return rx;
         }
-        let max = self.max_records;
-        let at = p.gathered.iter().position(|g| {
-            g.partition == source.partition
-                && !g.is_full(max)
-                && (Arc::ptr_eq(&g.topic, &source.topic) || g.topic == source.topic)
-        });
-        let i = at.unwrap_or_else(|| {
-            // Sized for a full marker at once: growing these vectors one push at a time
-            // showed in the profile.
-            let room = max.min(GATHER_CAPACITY);
-            p.gathered.push(Gathered {
-                topic: source.topic.clone(),
-                partition: source.partition,
-                ends: Vec::with_capacity(room),
-                settle: Settle::new(source.topic.to_string(), source.partition),
-                count: 0,
-                reason_bytes: 0,
-                waiters: Vec::with_capacity(room),
-            });
-            p.gathered.len() - 1
-        });
-        let g = &mut p.gathered[i];
-        let offset = source.offset;
-        match op {
-            Op::End => g.ends.push(offset),
-            Op::Nack(delay) => g.settle.nacks.push((offset, delay)),
-            Op::Reject(reason) => {
-                g.reason_bytes += reason.len().min(crate::marker::MAX_REASON_BYTES);
-                g.settle.rejects.push((offset, reason));
-            }
-            Op::KeepAlive(timeout) => g.settle.keep_alives.push((offset, timeout)),
+        let i = gathering(&mut p.gathered, source, self.max_records);
+        let full = p.gathered[i].push(source.offset, op, self.max_records);
+        p.gathered[i].waiters.push(tx);
+        self.opened(&mut p, full);
+        rx
+    }
+
+    /// Adds the Ends of `sources` under one lock, with one answer per marker they go into
+    /// (not one per record), each with how many of the Ends it answers for: what
+    /// [`Delivery::ack_all`](super::Delivery::ack_all) waits for.
+    pub(crate) fn add_ends(&self, sources: &[SourceRef]) -> Vec<(Durable, usize)> {
+        let mut answers: Vec<(Durable, usize)> = Vec::new();
+        let mut p = self.inner.lock();
+        if p.closed {
+            // Its sender is dropped at once: the answer is "cancelled".
+            let (_, rx) = oneshot::channel();
+            return vec![(rx, sources.len())];
         }
-        g.count += 1;
-        g.waiters.push(tx);
-        let full = g.is_full(max);
+        // The gatherings this batch has an answer in; they are only appended to while the
+        // lock is held, so their positions stay put.
+        let mut answered: Vec<usize> = Vec::new();
+        let mut full = false;
+        let mut last: Option<usize> = None;
+        for source in sources {
+            // A batch comes partition by partition: the last gathering usually fits.
+            let i = match last {
+                Some(i) if p.gathered[i].holds(source, self.max_records) => i,
+                _ => gathering(&mut p.gathered, source, self.max_records),
+            };
+            last = Some(i);
+            full |= p.gathered[i].push(source.offset, Op::End, self.max_records);
+            match answered.iter().position(|&a| a == i) {
+                Some(k) => answers[k].1 += 1,
+                None => {
+                    answered.push(i);
+                    let (tx, rx) = oneshot::channel();
+                    p.gathered[i].waiters.push(tx);
+                    answers.push((rx, 1));
+                }
+            }
+        }
+        if !sources.is_empty() {
+            self.opened(&mut p, full);
+        }
+        answers
+    }
+
+    /// Opens the window if this is its first settlement, and wakes the flushing thread for
+    /// that or for a gathering that is `full`.
+    fn opened(&self, p: &mut Pending, full: bool) {
         let opening = p.opened.is_none();
         if opening {
             p.opened = Some(Instant::now());
@@ -190,7 +242,6 @@ impl Coalescer {
         if opening || full {
             self.inner.wake.notify_one();
         }
-        rx
     }
 
     /// Writes what is gathered and stops the thread. Settlements added later are cancelled.
@@ -210,6 +261,17 @@ impl Drop for Coalescer {
     fn drop(&mut self) {
         self.close();
     }
+}
+
+/// The position of the gathering a settlement of `source` goes into, opened if there is none.
+fn gathering(gathered: &mut Vec<Gathered>, source: &SourceRef, max_records: usize) -> usize {
+    gathered
+        .iter()
+        .position(|g| g.holds(source, max_records))
+        .unwrap_or_else(|| {
+            gathered.push(Gathered::new(source, max_records));
+            gathered.len() - 1
+        })
 }
 
 /// Waits for a window to open and close, then writes one marker per gathered partition.
@@ -274,20 +336,14 @@ mod tests {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
     use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::DefaultProducerContext;
 
     /// Settlements of two partitions, on librdkafka's mock cluster: each waiter resolves once
     /// its marker is written, and the markers name every settlement exactly once, split at the
     /// record limit and never mixing partitions.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn settlements_become_few_markers_and_every_waiter_hears_of_its_own() {
-        let mock = MockCluster::new(1).unwrap();
-        mock.create_topic("m", 1, 1).unwrap();
-        let brokers = mock.bootstrap_servers();
-        let producer = crate::kafka::client_config(&brokers, &[], &[])
-            .create()
-            .unwrap();
-        let writer = MarkerWriter::new(producer, "m".into(), 1);
-        let c = Coalescer::start(Duration::from_millis(20), 3, writer, Handle::current()).unwrap();
+        let (_mock, brokers, c) = coalescer_on_a_mock();
         let mut waiting = Vec::new();
         for offset in 0..5 {
             waiting.push(c.add(&SourceRef::new("t", 0, offset), Op::End));
@@ -298,24 +354,7 @@ mod tests {
             w.await.expect("answered").expect("durable");
         }
 
-        let consumer: BaseConsumer = crate::kafka::client_config(
-            &brokers,
-            &[("group.id", "g"), ("auto.offset.reset", "earliest")],
-            &[],
-        )
-        .create()
-        .unwrap();
-        consumer.subscribe(&["m"]).unwrap();
-        let mut settles = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while settles.len() < 3 && Instant::now() < deadline {
-            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                match crate::marker::decode(m.payload().unwrap()).unwrap() {
-                    Marker::Settle(s) => settles.push(*s),
-                    other => panic!("not a Settle: {other:?}"),
-                }
-            }
-        }
+        let settles = read_settles(&brokers, 3);
         let mut ends: Vec<(i32, Vec<i64>)> = settles
             .iter()
             .filter(|s| !s.ends.is_empty())
@@ -331,6 +370,86 @@ mod tests {
         assert!(
             c.add(&SourceRef::new("t", 0, 9), Op::End).await.is_err(),
             "after close a settlement is cancelled, not lost in silence"
+        );
+    }
+
+    /// A coalescer (20 ms window, 3 records a marker) writing to topic `m` of a mock cluster,
+    /// which lives as long as the first value.
+    fn coalescer_on_a_mock() -> (
+        MockCluster<'static, DefaultProducerContext>,
+        String,
+        Coalescer,
+    ) {
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("m", 1, 1).unwrap();
+        let brokers = mock.bootstrap_servers();
+        let producer = crate::kafka::client_config(&brokers, &[], &[])
+            .create()
+            .unwrap();
+        let writer = MarkerWriter::new(producer, "m".into(), 1);
+        let c = Coalescer::start(Duration::from_millis(20), 3, writer, Handle::current()).unwrap();
+        (mock, brokers, c)
+    }
+
+    /// The first `n` Settle markers of topic `m`.
+    fn read_settles(brokers: &str, n: usize) -> Vec<Settle> {
+        let consumer: BaseConsumer = crate::kafka::client_config(
+            brokers,
+            &[("group.id", "g"), ("auto.offset.reset", "earliest")],
+            &[],
+        )
+        .create()
+        .unwrap();
+        consumer.subscribe(&["m"]).unwrap();
+        let mut settles = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while settles.len() < n && Instant::now() < deadline {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                match crate::marker::decode(m.payload().unwrap()).unwrap() {
+                    Marker::Settle(s) => settles.push(*s),
+                    other => panic!("not a Settle: {other:?}"),
+                }
+            }
+        }
+        settles
+    }
+
+    /// Ends added together (`ack_all`): one answer per marker they land in, each counting
+    /// its records, and the markers name every End once, split at the record limit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ends_added_together_get_one_answer_per_marker() {
+        let (_mock, brokers, c) = coalescer_on_a_mock();
+        let sources: Vec<SourceRef> = (0..5)
+            .map(|o| SourceRef::new("t", 0, o))
+            .chain([SourceRef::new("t", 1, 7)])
+            .collect();
+        let answers = c.add_ends(&sources);
+        let counts: Vec<usize> = answers.iter().map(|(_, n)| *n).collect();
+        assert_eq!(
+            counts,
+            [3, 2, 1],
+            "offsets 0-2 fill a marker; 3-4 and 7 go into others"
+        );
+        for (rx, _) in answers {
+            rx.await.expect("answered").expect("durable");
+        }
+        let mut ends: Vec<(i32, Vec<i64>)> = read_settles(&brokers, 3)
+            .iter()
+            .map(|s| (s.partition, s.ends.iter().collect()))
+            .collect();
+        ends.sort();
+        assert_eq!(
+            ends,
+            vec![(0, vec![0, 1, 2]), (0, vec![3, 4]), (1, vec![7])]
+        );
+        c.close();
+        let after = c.add_ends(&sources[..2]);
+        assert_eq!(after.len(), 1);
+        let (rx, n) = after.into_iter().next().unwrap();
+        assert_eq!(n, 2);
+        assert!(
+            rx.await.is_err(),
+            "after close the Ends are cancelled, not lost in silence"
         );
     }
 

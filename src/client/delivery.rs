@@ -129,6 +129,44 @@ impl Delivery {
         self.settle(Op::End, "end").await
     }
 
+    /// Acknowledges many records at once: none of them will be redelivered. Returns once every
+    /// End is durable. The cheap way to settle a batch (from
+    /// [`RedeliveryConsumer::recv_batch`](super::RedeliveryConsumer::recv_batch), say): one
+    /// future and, in marker format version 2, one answer per Settle marker instead of one
+    /// per record. On error ([`ClientError::Ends`]) the records whose markers failed may be
+    /// redelivered after their timeout; the others are settled.
+    ///
+    /// Like every settlement it does nothing until awaited: dropped unawaited, its deliveries
+    /// are dropped unsettled and come back at once.
+    pub async fn ack_all(
+        deliveries: impl IntoIterator<Item = Delivery>,
+    ) -> Result<(), ClientError> {
+        let mut deliveries = deliveries.into_iter().peekable();
+        while let Some(first) = deliveries.peek() {
+            // One consumer's deliveries share a settler; a mixed batch is settled in runs.
+            let settler = first.settler.clone();
+            let listening = settler.events.has_listeners();
+            let mut sources = Vec::new();
+            let mut attempts = Vec::new();
+            while let Some(mut d) = deliveries.next_if(|d| Arc::ptr_eq(&d.settler, &settler)) {
+                d.finish();
+                if listening {
+                    attempts.push(d.attempt);
+                }
+                sources.push(d.source.clone());
+            }
+            settler.settle_ends(&sources).await?;
+            if listening {
+                for (source, attempt) in sources.into_iter().zip(attempts) {
+                    settler
+                        .events
+                        .emit(|| Event::new(EventKind::Acked, source, attempt));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Gives the record back under the consumer's retry policy: redelivered after the
     /// policy's delay for this attempt, or, if this was the last delivery the policy (or the
     /// record's `kr-max-deliveries` header) allows, sent to the dead-letter topic.

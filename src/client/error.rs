@@ -47,6 +47,21 @@ pub enum ClientError {
         /// The librdkafka error.
         error: rdkafka::error::KafkaError,
     },
+    /// Some of the End markers of records acked together
+    /// ([`Delivery::ack_all`](crate::client::Delivery::ack_all)) were not acknowledged by the
+    /// broker. Those records will be redelivered after their timeout (duplicates, not losses);
+    /// the others are settled.
+    #[error(
+        "writing the End markers of {failed} of {records} records acked together failed: {error}"
+    )]
+    Ends {
+        /// How many records were acked together.
+        records: usize,
+        /// How many of them went into markers that failed.
+        failed: usize,
+        /// The first librdkafka error.
+        error: rdkafka::error::KafkaError,
+    },
     /// A schedule's due time is too close to the markers topic's retention: its marker could
     /// be deleted before the tracker delivers it. Raise `retention.ms` or schedule sooner.
     #[error(

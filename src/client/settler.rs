@@ -176,6 +176,45 @@ impl Settler {
             })
     }
 
+    /// Writes the Ends of `sources` and waits until all are durable. In version 2 they go to
+    /// the coalescer under one lock, with one answer per Settle marker they land in; in
+    /// version 1 each is a marker of its own, all on their way at once.
+    pub(crate) async fn settle_ends(&self, sources: &[SourceRef]) -> Result<(), ClientError> {
+        let answers: Vec<(Result<(), KafkaError>, usize)> = match &self.coalescer {
+            Some(coalescer) => {
+                let waiting = coalescer
+                    .add_ends(sources)
+                    .into_iter()
+                    .map(
+                        |(rx, n)| async move { (rx.await.unwrap_or(Err(KafkaError::Canceled)), n) },
+                    );
+                futures::future::join_all(waiting).await
+            }
+            None => {
+                let waiting = sources
+                    .iter()
+                    .map(|s| async move { (self.queue(s, Op::End).await, 1) });
+                futures::future::join_all(waiting).await
+            }
+        };
+        let mut failed = 0;
+        let mut first = None;
+        for (result, n) in answers {
+            if let Err(e) = result {
+                failed += n;
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(error) => Err(ClientError::Ends {
+                records: sources.len(),
+                failed,
+                error,
+            }),
+        }
+    }
+
     /// Writes a settlement without waiting, logging a failure. Used where nobody can wait (a
     /// handle dropped unsettled); if it fails, the delivery still times out and is redelivered.
     pub(crate) fn settle_detached(&self, source: &SourceRef, op: Op) {
