@@ -42,11 +42,11 @@ async fn acked_records_are_never_redelivered() {
     keys.dedup();
     assert_eq!(keys.len(), 20);
     // Half acked each on its own and together, as a handler pool would; half in one
-    // `ack_all`, as a batch worker would.
+    // `ack_many`, as a batch worker would.
     let each = deliveries.split_off(10);
     let (one_by_one, all) = futures::future::join(
         futures::future::join_all(each.into_iter().map(|d| d.ack())),
-        Delivery::ack_all(deliveries),
+        Delivery::ack_many(deliveries),
     )
     .await;
     for acked in one_by_one {

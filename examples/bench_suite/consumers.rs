@@ -67,7 +67,7 @@ pub enum Acks {
     /// One `ack()` future per delivery.
     #[default]
     Each,
-    /// One `Delivery::ack_all` per batch from `recv_batch`.
+    /// One `Delivery::ack_many` per batch from `recv_batch`.
     Batch,
 }
 
@@ -344,7 +344,7 @@ fn floor(
 /// into one `FuturesUnordered` driven by the receive loop, so many Ends are on their way at
 /// once without a task per record (a `tokio::spawn` per ack cost more CPU than our whole
 /// settlement path; BENCHMARKS.md, "Client cost per record"). With `--ours-acks batch` it
-/// works a batch at a time instead: `recv_batch`, then one `Delivery::ack_all` per batch.
+/// works a batch at a time instead: `recv_batch`, then one `Delivery::ack_many` per batch.
 /// With `unsettled` > 0, that share of first deliveries is abandoned and acked when it comes
 /// back.
 async fn ours(
@@ -407,7 +407,7 @@ async fn ours(
                     let Some(batch) = got else { break };
                     let kept: Vec<Delivery> = batch.into_iter().filter_map(&mut take).collect();
                     let n = kept.len();
-                    acks.push(async move { Delivery::ack_all(kept).await.map(|()| n) });
+                    acks.push(async move { Delivery::ack_many(kept).await.map(|()| n) });
                 }
                 _ = recheck.tick() => {}
                 () = &mut give_up => break,

@@ -78,7 +78,7 @@ struct Args {
     #[arg(long, default_value = "v2", value_parser = consumers::parse_format)]
     ours_format: kafka_redelivery::client::MarkerFormat,
     /// How ours' application settles: `each` delivery with its own `ack()` future (a handler
-    /// pool's way), or each poll `batch` with one `Delivery::ack_all` (a batch worker's way).
+    /// pool's way), or each poll `batch` with one `Delivery::ack_many` (a batch worker's way).
     #[arg(long, default_value = "each", value_parser = consumers::parse_acks)]
     ours_acks: consumers::Acks,
     /// A librdkafka setting for ours' client (repeatable), e.g. `--ours-set linger.ms=0`.

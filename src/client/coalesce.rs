@@ -193,7 +193,7 @@ impl Coalescer {
 
     /// Adds the Ends of `sources` under one lock, with one answer per marker they go into
     /// (not one per record), each with how many of the Ends it answers for: what
-    /// [`Delivery::ack_all`](super::Delivery::ack_all) waits for.
+    /// [`Delivery::ack_many`](super::Delivery::ack_many) waits for.
     pub(crate) fn add_ends(&self, sources: &[SourceRef]) -> Vec<(Durable, usize)> {
         let mut answers: Vec<(Durable, usize)> = Vec::new();
         let mut p = self.inner.lock();
@@ -414,7 +414,7 @@ mod tests {
         settles
     }
 
-    /// Ends added together (`ack_all`): one answer per marker they land in, each counting
+    /// Ends added together (`ack_many`): one answer per marker they land in, each counting
     /// its records, and the markers name every End once, split at the record limit.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ends_added_together_get_one_answer_per_marker() {

@@ -138,7 +138,7 @@ impl Delivery {
     ///
     /// Like every settlement it does nothing until awaited: dropped unawaited, its deliveries
     /// are dropped unsettled and come back at once.
-    pub async fn ack_all(
+    pub async fn ack_many(
         deliveries: impl IntoIterator<Item = Delivery>,
     ) -> Result<(), ClientError> {
         let mut deliveries = deliveries.into_iter().peekable();

@@ -48,7 +48,7 @@ pub enum ClientError {
         error: rdkafka::error::KafkaError,
     },
     /// Some of the End markers of records acked together
-    /// ([`Delivery::ack_all`](crate::client::Delivery::ack_all)) were not acknowledged by the
+    /// ([`Delivery::ack_many`](crate::client::Delivery::ack_many)) were not acknowledged by the
     /// broker. Those records will be redelivered after their timeout (duplicates, not losses);
     /// the others are settled.
     #[error(

@@ -202,7 +202,7 @@ impl RedeliveryConsumer {
     /// Every delivery that is here already, at least one: the rest of the poll batch the
     /// last [`recv`](Self::recv) took from, or the next whole batch (up to
     /// [`ConsumerConfig::max_batch`] records). `None` once the consumer has stopped, as for
-    /// `recv`. With [`Delivery::ack_all`], the cheap way to work in batches: one call and
+    /// `recv`. With [`Delivery::ack_many`], the cheap way to work in batches: one call and
     /// one future per batch instead of one per record.
     pub async fn recv_batch(&mut self) -> Option<Vec<Delivery>> {
         let mut batch: Vec<Delivery> = if self.ready.as_slice().is_empty() {

@@ -220,3 +220,73 @@ fn blame(events: &[Event], incarnations: &[Incarnation], faults: &[(u64, Fault)]
         .or_else(|| before(false))
         .map_or_else(|| "unattributed".to_string(), |(_, f)| f.kind.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn event(incarnation: usize, outcome: &str, offset: i64, at_ms: u64) -> Event {
+        Event {
+            incarnation,
+            outcome: outcome.to_string(),
+            coordinates: ("t".to_string(), 0, offset),
+            at_ms,
+        }
+    }
+
+    fn fault(at_ms: u64, kind: FaultKind) -> (u64, Fault) {
+        let f = Fault {
+            at: Duration::ZERO,
+            kind,
+            target: 0,
+        };
+        (at_ms, f)
+    }
+
+    /// Worker 0 received offset 5 at 1 s and was stopped at 2 s for 7 s; the copy (offset 9)
+    /// went to worker 1; worker 0 acked the original when it woke.
+    fn stopped_while_holding() -> (Vec<Event>, Vec<Incarnation>) {
+        let events = vec![
+            event(0, "received", 5, 1_000),
+            event(1, "received", 9, 7_000),
+            event(1, "ack", 9, 7_200),
+            event(0, "ack", 5, 9_100),
+        ];
+        let mut stopped = Incarnation::default();
+        stopped.stopped.push((2_000, 9_000));
+        (events, vec![stopped, Incarnation::default()])
+    }
+
+    #[test]
+    fn a_worker_stopped_while_it_held_the_record_is_blamed() {
+        let (events, incarnations) = stopped_while_holding();
+        let faults = [fault(1_500, FaultKind::TrackerKill)];
+        assert_eq!(
+            blame(&events, &incarnations, &faults),
+            FaultKind::WorkerStop.to_string()
+        );
+    }
+
+    /// The same worker acked the record before its stop: the stop did not cause the second
+    /// delivery (here, a tracker kill just before it did).
+    #[test]
+    fn a_worker_stopped_after_it_acked_is_not_blamed() {
+        let (mut events, incarnations) = stopped_while_holding();
+        events[3].at_ms = 1_200;
+        let faults = [
+            fault(1_500, FaultKind::WorkerKill),
+            fault(6_000, FaultKind::TrackerKill),
+        ];
+        assert_eq!(
+            blame(&events, &incarnations, &faults),
+            FaultKind::TrackerKill.to_string()
+        );
+        assert_eq!(
+            blame(&events, &incarnations, &faults[..1]),
+            FaultKind::WorkerKill.to_string(),
+            "with no infrastructure fault, the worker fault in the minute before"
+        );
+        assert_eq!(blame(&events, &incarnations, &[]), "unattributed");
+    }
+}
