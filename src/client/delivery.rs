@@ -142,6 +142,8 @@ impl Delivery {
         deliveries: impl IntoIterator<Item = Delivery>,
     ) -> Result<(), ClientError> {
         let mut deliveries = deliveries.into_iter().peekable();
+        // Every run is settled even if one fails; the error counts all that failed.
+        let (mut records, mut failed, mut first_error) = (0, 0, None);
         while let Some(first) = deliveries.peek() {
             // One consumer's deliveries share a settler; a mixed batch is settled in runs.
             let settler = first.settler.clone();
@@ -155,8 +157,12 @@ impl Delivery {
                 }
                 sources.push(d.source.clone());
             }
-            settler.settle_ends(&sources).await?;
-            if listening {
+            records += sources.len();
+            let (run_failed, error) = settler.settle_ends(&sources).await;
+            failed += run_failed;
+            if let Some(e) = error {
+                first_error.get_or_insert(e);
+            } else if listening {
                 for (source, attempt) in sources.into_iter().zip(attempts) {
                     settler
                         .events
@@ -164,7 +170,14 @@ impl Delivery {
                 }
             }
         }
-        Ok(())
+        match first_error {
+            None => Ok(()),
+            Some(error) => Err(ClientError::Ends {
+                records,
+                failed,
+                error,
+            }),
+        }
     }
 
     /// Gives the record back under the consumer's retry policy: redelivered after the

@@ -176,10 +176,11 @@ impl Settler {
             })
     }
 
-    /// Writes the Ends of `sources` and waits until all are durable. In version 2 they go to
-    /// the coalescer under one lock, with one answer per Settle marker they land in; in
-    /// version 1 each is a marker of its own, all on their way at once.
-    pub(crate) async fn settle_ends(&self, sources: &[SourceRef]) -> Result<(), ClientError> {
+    /// Writes the Ends of `sources` and waits until all are durable; returns how many went
+    /// into markers that failed, and the first error. In version 2 they go to the coalescer
+    /// under one lock, with one answer per Settle marker they land in; in version 1 each is a
+    /// marker of its own, all on their way at once.
+    pub(crate) async fn settle_ends(&self, sources: &[SourceRef]) -> (usize, Option<KafkaError>) {
         let answers: Vec<(Result<(), KafkaError>, usize)> = match &self.coalescer {
             Some(coalescer) => {
                 let waiting = coalescer
@@ -205,14 +206,7 @@ impl Settler {
                 first.get_or_insert(e);
             }
         }
-        match first {
-            None => Ok(()),
-            Some(error) => Err(ClientError::Ends {
-                records: sources.len(),
-                failed,
-                error,
-            }),
-        }
+        (failed, first)
     }
 
     /// Writes a settlement without waiting, logging a failure. Used where nobody can wait (a
