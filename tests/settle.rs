@@ -332,7 +332,7 @@ async fn nack_redelivers_after_the_delay() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_delivery_is_released_at_once() {
+async fn dropped_delivery_or_unawaited_ack_is_released_at_once() {
     let t = topics(1, 1).await;
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     let mut c = consumer(&t, Duration::from_secs(600)).await;
@@ -349,7 +349,15 @@ async fn dropped_delivery_is_released_at_once() {
         .await
         .expect("released delivery comes back");
     assert_eq!(again.attempt(), 2);
-    again.ack().await.unwrap();
+    // A settlement does nothing until awaited: an `ack()` dropped unawaited drops its
+    // delivery unsettled, which releases it the same way.
+    drop(again.ack());
+    let third = c
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("a delivery whose ack was never awaited comes back");
+    assert_eq!(third.attempt(), 3);
+    third.ack().await.unwrap();
     tracker.stop().await;
 }
 

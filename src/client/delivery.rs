@@ -11,6 +11,7 @@ use super::body::Body;
 use super::coalesce::Op;
 use super::error::ClientError;
 use super::retry::{unit_random, RetryPolicy};
+use super::settlement::Settlement;
 use super::settler::Settler;
 
 /// One delivery of one record. Settle it with [`ack`](Self::ack), [`nack`](Self::nack),
@@ -125,8 +126,8 @@ impl Delivery {
 
     /// Acknowledges the record: it will not be redelivered. Returns once the End marker is
     /// durable. On error the record may be redelivered after its timeout.
-    pub async fn ack(mut self) -> Result<(), ClientError> {
-        self.settle(Op::End, "end").await
+    pub fn ack(self) -> Settlement {
+        Settlement::new(self, Op::End, "end")
     }
 
     /// Acknowledges many records at once: none of them will be redelivered. Returns once every
@@ -206,15 +207,15 @@ impl Delivery {
 
     /// Gives the record back, to be redelivered after `delay` (zero: as soon as possible),
     /// whatever the retry policy says. The redelivery counts as an attempt.
-    pub async fn nack_after(mut self, delay: Duration) -> Result<(), ClientError> {
+    pub fn nack_after(self, delay: Duration) -> Settlement {
         let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-        self.settle(Op::Nack(delay_ms), "nack").await
+        Settlement::new(self, Op::Nack(delay_ms), "nack")
     }
 
     /// Refuses the record: the tracker sends it to the dead-letter topic now, with `reason` in
     /// its `kr-dlq-detail` header.
-    pub async fn reject(mut self, reason: impl Into<String>) -> Result<(), ClientError> {
-        self.settle(Op::Reject(reason.into()), "reject").await
+    pub fn reject(self, reason: impl Into<String>) -> Settlement {
+        Settlement::new(self, Op::Reject(reason.into()), "reject")
     }
 
     /// Pushes the deadline out by this delivery's timeout, counted from now.
@@ -265,26 +266,8 @@ impl Delivery {
         self.finish();
     }
 
-    async fn settle(&mut self, op: Op, name: &'static str) -> Result<(), ClientError> {
-        self.finish();
-        // What the event says, taken before `op` moves into the settlement (cheap: only a
-        // reject's reason is cloned, and only if someone listens).
-        let said = self.settler.events.has_listeners().then(|| match &op {
-            Op::Nack(delay_ms) => (EventKind::Nacked, format!("{delay_ms}ms")),
-            Op::Reject(reason) => (EventKind::DeadLettered, reason.clone()),
-            _ => (EventKind::Acked, String::new()),
-        });
-        self.settler.settle(&self.source, op, name).await?;
-        if let Some((kind, detail)) = said {
-            self.settler
-                .events
-                .emit(|| Event::new(kind, self.source.clone(), self.attempt).detail(detail));
-        }
-        Ok(())
-    }
-
     /// Marks the delivery settled: stops keep-alives and frees its place under the bound.
-    fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let Some(task) = self.keep_alive.take() {
             task.abort();
         }

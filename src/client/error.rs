@@ -95,4 +95,8 @@ pub enum ClientError {
     /// their partitions; deliveries already handed out can still be settled.
     #[error("the poll thread {0}")]
     PollThread(String),
+    /// A settlement future was polled again after it had resolved: a bug in the caller (an
+    /// `async fn` would panic here).
+    #[error("a settlement was polled after it had resolved")]
+    PolledAfterDone,
 }

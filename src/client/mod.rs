@@ -35,6 +35,7 @@ mod poller;
 mod retry;
 mod schedule_scan;
 mod scheduler;
+mod settlement;
 mod settler;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,6 +52,7 @@ pub use delivery::Delivery;
 pub use error::ClientError;
 pub use retry::{Backoff, RetryPolicy};
 pub use scheduler::{CancelOutcome, ScheduleId, Scheduler, SchedulerConfig};
+pub use settlement::Settlement;
 
 /// The record a schedule carries; build one with [`ScheduledRecord::to`].
 pub use crate::marker::ScheduledRecord;

@@ -3,11 +3,12 @@
 //! [`Coalescer`], which gathers them into one Settle marker per source partition and window.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::future::Either;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
@@ -15,7 +16,7 @@ use rdkafka::util::Timeout;
 use crate::events::EventBus;
 use crate::marker::{encode, markers_partition, Marker, SourceRef};
 
-use super::coalesce::{Coalescer, Op};
+use super::coalesce::{Coalescer, Durable, Op};
 use super::error::ClientError;
 
 /// Writes markers to the markers partition of their source partition.
@@ -139,23 +140,19 @@ impl Settler {
     /// Queues the settlement `op` of `source` now (in version 2, gathered into the next
     /// Settle marker of its partition); the future resolves when it is durable. Not boxed: an
     /// ack allocates only its one-shot answer.
-    fn queue(
-        &self,
-        source: &SourceRef,
-        op: Op,
-    ) -> impl Future<Output = Result<(), KafkaError>> + Send + 'static {
+    pub(crate) fn queue(&self, source: &SourceRef, op: Op) -> Queued {
         match &self.coalescer {
-            Some(coalescer) => {
-                let answer = coalescer.add(source, op);
-                Either::Left(async move { answer.await.unwrap_or(Err(KafkaError::Canceled)) })
-            }
+            Some(coalescer) => Queued::Gathered(coalescer.add(source, op)),
             None => {
                 let marker = op.marker(source.clone());
                 let sent = self.writer.send(&marker);
                 if matches!(marker, Marker::End { .. }) {
                     crate::failpoint::hit("after-end-sent");
                 }
-                Either::Right(async move { durable(sent?).await })
+                match sent {
+                    Ok(sent) => Queued::Sent(sent),
+                    Err(e) => Queued::Failed(Some(e)),
+                }
             }
         }
     }
@@ -251,9 +248,45 @@ impl Settler {
     }
 }
 
+/// A settlement on its way: resolves once its marker is durable, or with why not. Named (not
+/// an `async` block) so that [`Settlement`](super::settlement::Settlement) can hold it.
+pub(crate) enum Queued {
+    /// In the coalescer, waiting for the Settle marker it went into (format version 2).
+    Gathered(Durable),
+    /// A version 1 marker of its own, handed to the producer.
+    Sent(DeliveryFuture),
+    /// The producer refused it at once; the error until polled.
+    Failed(Option<KafkaError>),
+}
+
+impl Future for Queued {
+    type Output = Result<(), KafkaError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The one-shot receivers inside are `Unpin`.
+        Poll::Ready(match self.get_mut() {
+            Queued::Gathered(answer) => match std::task::ready!(Pin::new(answer).poll(cx)) {
+                Ok(result) => result,
+                Err(_) => Err(KafkaError::Canceled),
+            },
+            Queued::Sent(report) => durable_or_why(std::task::ready!(Pin::new(report).poll(cx))),
+            Queued::Failed(error) => Err(error.take().unwrap_or(KafkaError::Canceled)),
+        })
+    }
+}
+
 /// A delivery report as "durable or why not".
 pub(crate) async fn durable(sent: DeliveryFuture) -> Result<(), KafkaError> {
-    match sent.await {
+    durable_or_why(sent.await)
+}
+
+fn durable_or_why(
+    report: Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
+) -> Result<(), KafkaError> {
+    match report {
         Ok(Ok(_)) => Ok(()),
         Ok(Err((e, _))) => Err(e),
         Err(_) => Err(KafkaError::Canceled),

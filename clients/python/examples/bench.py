@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from kafka_redelivery import Delivery, RedeliveryConsumer
+from kafka_redelivery import RedeliveryConsumer
 
 
 def cpu() -> float:
@@ -71,11 +71,7 @@ def ours(brokers: str, topic: str, markers: str, n: int, many: bool) -> tuple[fl
     got = 0
     start = c0 = 0.0
     while got < n:
-        batch: list[Delivery] = []
-        d = c.poll(1.0)
-        while d is not None:
-            batch.append(d)
-            d = c.poll(0.0) if len(batch) < 500 else None
+        batch = c.poll_batch(1.0)
         if batch and not start:
             start, c0 = time.monotonic(), cpu()
         if many:

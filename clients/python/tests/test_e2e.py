@@ -88,12 +88,19 @@ def test_a_consumer_taking_over_inside_a_producer_batch_gets_the_rest_of_it(
     second.close()
 
 
-def test_ack_many_settles_a_batch_with_one_marker_per_partition(
+def test_poll_batch_and_ack_many_settle_a_batch_with_one_marker_per_partition(
     topics: Topics, tracker: Tracker
 ) -> None:
     produce(topics, [f"b-{i}" for i in range(40)])
     c = consumer(topics)
-    batch = take(c, 40)
+    batch: list[Delivery] = []
+    deadline = time.monotonic() + 60
+    while len(batch) < 40:
+        assert time.monotonic() < deadline, f"only {len(batch)} of 40 deliveries came"
+        got = c.poll_batch(0.5)
+        assert len(got) <= c.max_batch
+        batch.extend(got)
+    assert c.poll_batch(0.0) == [], "a batch hands out each delivery once"
     c.ack_many(batch)
     assert c.unsettled == 0
     assert c.poll(3.0) is None, "an acked record came back"
