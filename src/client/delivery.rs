@@ -288,3 +288,109 @@ impl Drop for Delivery {
         self.finish();
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::client::body::Body;
+    use crate::client::coalesce::Coalescer;
+    use crate::client::settler::MarkerWriter;
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::DefaultProducerContext;
+    use tokio::runtime::Handle;
+
+    /// Two consumers' deliveries acked together, the first consumer's markers failing: the
+    /// second's are still settled, and the error counts every record and every failure.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ack_many_settles_every_consumers_run_and_counts_all_that_failed() {
+        let (_mock, brokers) = mock();
+        let failing = settler(&brokers, true);
+        let working = settler(&brokers, false);
+        // The failing run first: a run that fails must not keep the next from settling.
+        let batch = vec![
+            delivery(&failing, 0),
+            delivery(&failing, 1),
+            delivery(&working, 0),
+            delivery(&working, 1),
+            delivery(&working, 2),
+        ];
+        match Delivery::ack_many(batch).await {
+            Err(ClientError::Ends {
+                records, failed, ..
+            }) => assert_eq!((records, failed), (5, 2)),
+            other => panic!("expected the Ends of 2 of 5 records to fail: {other:?}"),
+        }
+        assert_eq!(failing.unsettled(), 0, "a failed ack still frees its place");
+        assert_eq!(working.unsettled(), 0);
+        let again = vec![delivery(&working, 3), delivery(&working, 4)];
+        Delivery::ack_many(again).await.expect("all durable");
+    }
+
+    /// The hand-written settlement future: durable, failed with the record named, and an
+    /// error (not a panic) when polled again after it resolved.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_settlement_resolves_once_with_its_marker_and_says_so_when_polled_again() {
+        let (_mock, brokers) = mock();
+        let working = settler(&brokers, false);
+        let failing = settler(&brokers, true);
+        let mut ack = delivery(&working, 7).ack();
+        (&mut ack).await.expect("durable");
+        assert!(matches!(
+            (&mut ack).await,
+            Err(ClientError::PolledAfterDone)
+        ));
+        match delivery(&failing, 8).reject("bad").await {
+            Err(ClientError::Marker { marker, record, .. }) => {
+                assert_eq!((marker, record.offset), ("reject", 8));
+            }
+            other => panic!("expected the Reject marker to fail: {other:?}"),
+        }
+        assert_eq!((working.unsettled(), failing.unsettled()), (0, 0));
+    }
+
+    fn mock() -> (MockCluster<'static, DefaultProducerContext>, String) {
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("m", 1, 1).unwrap();
+        let brokers = mock.bootstrap_servers();
+        (mock, brokers)
+    }
+
+    /// A settler writing to topic `m`; `closed`: its coalescer is closed, so every
+    /// settlement fails as a marker the broker refused would.
+    fn settler(brokers: &str, closed: bool) -> Arc<Settler> {
+        let producer = crate::kafka::client_config(brokers, &[], &[])
+            .create()
+            .unwrap();
+        let writer = MarkerWriter::new(producer, "m".into(), 1);
+        let coalescer = Coalescer::start(
+            Duration::from_millis(5),
+            100,
+            writer.clone(),
+            Handle::current(),
+        )
+        .unwrap();
+        if closed {
+            coalescer.close();
+        }
+        Arc::new(Settler::new(writer.clone(), writer, Some(coalescer)))
+    }
+
+    /// A delivery of `t`/0 at `offset`, handed out by `settler`.
+    fn delivery(settler: &Arc<Settler>, offset: i64) -> Delivery {
+        settler.handed_out();
+        Delivery {
+            source: SourceRef::new("t", 0, offset),
+            body: Body::new(None, Some(b"v")),
+            headers: Vec::new(),
+            timestamp_ms: None,
+            attempt: 1,
+            original: None,
+            timeout: Duration::from_secs(30),
+            settler: settler.clone(),
+            retry: Arc::new(RetryPolicy::default()),
+            settled: false,
+            keep_alive: None,
+        }
+    }
+}
