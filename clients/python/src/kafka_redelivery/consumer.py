@@ -32,6 +32,9 @@ from .retry import RetryPolicy
 
 log = logging.getLogger("kafka_redelivery")
 
+# A polled record with what its headers say: (message, headers, attempt, timeout in ms).
+_Polled = tuple[Any, hdr.Headers, int, int]
+
 #: How long a committed-offset look-up or a position query may take.
 LOOKUP_WAIT_S = 5.0
 
@@ -99,17 +102,18 @@ class _MarkerWriter:
 class Delivery:
     """One record handed to the application, to be settled exactly once."""
 
-    def __init__(self, owner: RedeliveryConsumer, msg: Any, attempt: int, timeout_ms: int) -> None:
+    def __init__(self, owner: RedeliveryConsumer, polled: _Polled) -> None:
+        msg, headers, attempt, timeout_ms = polled
         self._owner = owner
         self.topic: str = msg.topic()
         self.partition: int = msg.partition()
         self.offset: int = msg.offset()
         self.key: bytes | None = msg.key()
         self.value: bytes | None = msg.value()
-        self.headers: hdr.Headers = hdr.of_message(msg)
+        self.headers: hdr.Headers = headers
         self.attempt = attempt
         self.timeout_ms = timeout_ms
-        self.original: m.Source | None = hdr.original(self.headers)
+        self.original: m.Source | None = hdr.original(headers) if headers else None
         self.settled = False
 
     @property
@@ -478,21 +482,21 @@ class RedeliveryConsumer:
 
     def _start(self, batch: list[Any]) -> None:
         """Steps 1 to 4 for one polled batch."""
-        groups: dict[tuple[str, int], list[Any]] = {}
+        groups: dict[tuple[str, int], list[_Polled]] = {}
         for msg in batch:
-            groups.setdefault((msg.topic(), msg.partition()), []).append(msg)
+            groups.setdefault((msg.topic(), msg.partition()), []).append(self._read(msg))
         planned: list[tuple[tuple[str, int], list[_Write]]] = []
-        for (topic, partition), msgs in groups.items():
-            writes = [self._writer.send(mk, topic, partition) for mk in self._starts(msgs)]
+        for (topic, partition), polled in groups.items():
+            writes = [self._writer.send(mk, topic, partition) for mk in self._starts(polled)]
             planned.append(((topic, partition), writes))
         self._writer.wait([w for _, ws in planned for w in ws])
         commit: list[TopicPartition] = []
-        handed: list[Any] = []
+        handed: list[_Polled] = []
         for (topic, partition), writes in planned:
-            msgs = groups[(topic, partition)]
+            polled = groups[(topic, partition)]
             failed = [w.error for w in writes if w.error is not None]
             if failed:
-                first = msgs[0].offset()
+                first = polled[0][0].offset()
                 log.warning(
                     "Start marker for %s/%s not durable (%s); not committing past offset %s "
                     "and polling it again",
@@ -508,8 +512,8 @@ class RedeliveryConsumer:
                     raise RedeliveryError(self._failed) from e
                 self._resuming[(topic, partition)] = ResumeCheck(first)
                 continue
-            commit.append(TopicPartition(topic, partition, msgs[-1].offset() + 1))
-            handed.extend(msgs)
+            commit.append(TopicPartition(topic, partition, polled[-1][0].offset() + 1))
+            handed.extend(polled)
         if commit:
             try:
                 self._consumer.commit(offsets=commit, asynchronous=False)
@@ -518,45 +522,42 @@ class RedeliveryConsumer:
                 log.warning("commit failed: %s", e)
         with self._lock:
             self._unsettled += len(handed)
-        for msg in handed:
-            self._ready.append(self._delivery(msg))
+        self._ready.extend(Delivery(self, p) for p in handed)
 
-    def _starts(self, msgs: list[Any]) -> list[m.Marker]:
+    def _starts(self, polled: list[_Polled]) -> list[m.Marker]:
         """The Start markers for one source partition's records of a batch, in offset order."""
         if self.marker_format == 1:
             return [
-                m.Start(
-                    m.Source(msg.topic(), msg.partition(), msg.offset()),
-                    self._timeout_of(msg),
-                    hdr.attempt(self._headers_of(msg)),
-                )
-                for msg in msgs
+                m.Start(m.Source(msg.topic(), msg.partition(), msg.offset()), timeout, attempt)
+                for msg, _, attempt, timeout in polled
             ]
         out: list[m.Marker] = []
-        for i in range(0, len(msgs), m.MAX_BATCH_RECORDS):
-            chunk = msgs[i : i + m.MAX_BATCH_RECORDS]
-            batch = m.StartBatch(chunk[0].topic(), chunk[0].partition(), self.timeout_ms, [])
-            for msg in chunk:
-                batch.offsets.append(msg.offset())
-                attempt = hdr.attempt(self._headers_of(msg))
+        for i in range(0, len(polled), m.MAX_BATCH_RECORDS):
+            chunk = polled[i : i + m.MAX_BATCH_RECORDS]
+            first = chunk[0][0]
+            batch = m.StartBatch(first.topic(), first.partition(), self.timeout_ms, [])
+            for msg, _, attempt, timeout in chunk:
+                offset = msg.offset()
+                batch.offsets.append(offset)
                 if attempt != 1:
-                    batch.attempts.append((msg.offset(), attempt))
-                own = self._timeout_of(msg)
-                if own != self.timeout_ms:
-                    batch.timeouts.append((msg.offset(), own))
+                    batch.attempts.append((offset, attempt))
+                if timeout != self.timeout_ms:
+                    batch.timeouts.append((offset, timeout))
             out.append(batch)
         return out
 
-    @staticmethod
-    def _headers_of(msg: Any) -> hdr.Headers:
-        return hdr.of_message(msg)
-
-    def _timeout_of(self, msg: Any) -> int:
-        return hdr.timeout_ms(self._headers_of(msg)) or self.timeout_ms
-
-    def _delivery(self, msg: Any) -> Delivery:
-        heads = self._headers_of(msg)
-        return Delivery(self, msg, hdr.attempt(heads), self._timeout_of(msg))
+    def _read(self, msg: Any) -> _Polled:
+        """A polled record with its headers read once: they give its attempt and timeout."""
+        headers = hdr.of_message(msg)
+        if not headers:
+            # Most records carry none: nothing to look up.
+            return (msg, headers, 1, self.timeout_ms)
+        return (
+            msg,
+            headers,
+            hdr.attempt(headers),
+            hdr.timeout_ms(headers) or self.timeout_ms,
+        )
 
     def _settled(self, _d: Delivery) -> None:
         with self._lock:
