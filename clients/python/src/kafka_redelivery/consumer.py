@@ -216,7 +216,11 @@ class RedeliveryConsumer:
                 "bootstrap.servers": bootstrap_servers,
                 "enable.idempotence": True,
                 "acks": "all",
-                "linger.ms": 2,
+                # Every write here is waited for at once (a batch's Starts, an ack's Settle,
+                # ack_many's markers), so lingering only delays it: at 2 ms a lone ack() took
+                # 2.4 ms and a poll batch's handout waited as long (BENCHMARKS.md). Writes
+                # from several threads still share requests while one is in flight.
+                "linger.ms": 0,
                 "compression.type": "none",
                 **extra,
             }
