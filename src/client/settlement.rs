@@ -136,7 +136,6 @@ mod tests {
     fn a_settlement_is_about_the_size_of_its_delivery() {
         let size = std::mem::size_of::<Settlement>();
         let delivery = std::mem::size_of::<Delivery>() + std::mem::size_of::<Op>();
-        eprintln!("Settlement {size} bytes; Delivery and Op {delivery}");
         assert!(
             size <= delivery + 16,
             "{size} bytes, delivery and op {delivery}"
