@@ -130,6 +130,8 @@ pub struct Consumed {
     /// CPU seconds of a consumer that runs in its own process; `None` when it runs in this
     /// one (the caller measures this process).
     pub cpu_seconds: Option<f64>,
+    /// The part of `cpu_seconds` a JVM consumer's JIT compiler threads used (the share peer).
+    pub jit_cpu_seconds: Option<f64>,
 }
 
 /// Marks the record at a fifth of the target, so that the throughput is taken over the rest
@@ -260,6 +262,7 @@ fn plain(
         steady: steady.window(lat.len()),
         latencies_ms: lat,
         cpu_seconds: None,
+        jit_cpu_seconds: None,
     })
 }
 
@@ -337,6 +340,7 @@ fn floor(
         steady: steady.window(lat.len()),
         latencies_ms: lat,
         cpu_seconds: None,
+        jit_cpu_seconds: None,
     })
 }
 
@@ -444,5 +448,6 @@ async fn ours(
         steady,
         latencies_ms: lat,
         cpu_seconds: None,
+        jit_cpu_seconds: None,
     })
 }

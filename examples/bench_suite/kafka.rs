@@ -13,6 +13,7 @@ pub const PARTITIONS: i32 = 8;
 
 pub use redelivery_testkit::kafka::client;
 pub use redelivery_testkit::names::unique;
+use redelivery_testkit::process::thread_cpu_seconds;
 pub use redelivery_testkit::process::{cpu_seconds, resident_bytes};
 
 /// Creates a topic and waits until every partition of it is in the metadata.
@@ -259,4 +260,13 @@ pub fn broker_pid() -> Option<u32> {
     std::path::Path::new(&format!("/proc/{pid}"))
         .exists()
         .then_some(pid)
+}
+
+/// CPU seconds the JIT compiler threads of JVM `pid` have used. A broker started for the
+/// benchmark still compiles the code paths each kind exercises for the first time (measured:
+/// up to 40 % of its CPU in the first runs of a rotation, falling run after run), and so does
+/// the share peer's JVM, started for each run; a broker or a consumer in service did that long
+/// ago, so the figures report this part apart.
+pub fn jit_cpu_seconds(pid: u32) -> f64 {
+    thread_cpu_seconds(pid, &["C1 CompilerThre", "C2 CompilerThre"])
 }

@@ -164,10 +164,16 @@ struct SizeResult {
     share_max_poll_records: usize,
     /// CPU seconds per million messages: the consuming process (client), and the tracker.
     client_cpu_per_million: BTreeMap<&'static str, Spread>,
+    /// The part of `client_cpu_per_million` a JVM client (the share peer, started for each
+    /// run) spent compiling its own code, which a consumer in service did long ago.
+    client_jit_cpu_per_million: BTreeMap<&'static str, Spread>,
     tracker_cpu_per_million: Spread,
     /// CPU seconds per million messages of the broker process (when its pid is known): share
     /// groups move work from the client to the broker, so this belongs in the comparison.
     broker_cpu_per_million: BTreeMap<&'static str, Spread>,
+    /// The part of `broker_cpu_per_million` the broker's JIT compiler threads used: warm-up
+    /// that a broker in service has behind it (`kafka::jit_cpu_seconds`).
+    broker_jit_cpu_per_million: BTreeMap<&'static str, Spread>,
     /// Produce-to-handout latency per offered load: `half_plain` (half the plain consumer's
     /// median throughput, as specified) and `sustained` (a load every consumer keeps up with,
     /// so the figures are latencies rather than backlogs).
@@ -231,8 +237,12 @@ struct Run {
     from_subscription: f64,
     /// CPU seconds per million messages of the consumer, the tracker (ours) and the broker.
     client_cpu: f64,
+    /// The part of `client_cpu` a JVM client's JIT compiler threads used (the share peer).
+    client_jit_cpu: Option<f64>,
     tracker_cpu: Option<f64>,
     broker_cpu: Option<f64>,
+    /// The part of `broker_cpu` spent compiling (the JVM's JIT threads).
+    broker_jit_cpu: Option<f64>,
     /// The tracker's `/metrics` at the end (ours).
     tracker_metrics: Option<String>,
     /// How quiet the machine was when the timed part began.
@@ -278,10 +288,11 @@ async fn throughput_run(
     };
     let me = std::process::id();
     let broker = kafka::broker_pid();
-    let (cpu0, tcpu0, bcpu0) = (
+    let (cpu0, tcpu0, bcpu0, jit0) = (
         kafka::cpu_seconds(me),
         tracker.as_ref().map_or(0.0, |t| t.cpu_seconds()),
         broker.map_or(0.0, kafka::cpu_seconds),
+        broker.map_or(0.0, kafka::jit_cpu_seconds),
     );
     let target = Arc::new(AtomicUsize::new(n));
     let seen = Arc::new(AtomicUsize::new(0));
@@ -303,10 +314,12 @@ async fn throughput_run(
             got.cpu_seconds
                 .unwrap_or_else(|| kafka::cpu_seconds(me) - cpu0),
         ),
+        client_jit_cpu: got.jit_cpu_seconds.map(per_million),
         tracker_cpu: tracker
             .as_ref()
             .map(|t| per_million(t.cpu_seconds() - tcpu0)),
         broker_cpu: broker.map(|b| per_million(kafka::cpu_seconds(b) - bcpu0)),
+        broker_jit_cpu: broker.map(|b| per_million(kafka::jit_cpu_seconds(b) - jit0)),
         tracker_metrics: tracker.as_ref().map(|t| t.metrics()),
         settled,
     };
@@ -435,6 +448,8 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     let mut from_subscription: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut broker_cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut broker_jit_cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
+    let mut client_jit_cpu: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut tracker_cpu = Vec::new();
     for rep in 0..plan.reps {
         if !plan.runs(Part::Throughput) {
@@ -443,13 +458,16 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
         for &kind in &plan.kinds {
             let run = throughput_run(brokers, kind, n, size, 0.0).await?;
             eprintln!(
-                "size {size} rep {rep} {}: {:.0} msg/s ({:.0} from subscription); CPU s/M client {:.2}, tracker {:.2}, broker {:.2} (started after {:.1} s of settling, machine {:.0} % busy)",
+                "size {size} rep {rep} {}: {:.0} msg/s ({:.0} from subscription); CPU s/M client {:.2}{}, tracker {:.2}, broker {:.2} (JIT {:.2}) (started after {:.1} s of settling, machine {:.0} % busy)",
                 kind.name(),
                 run.rate,
                 run.from_subscription,
                 run.client_cpu,
+                run.client_jit_cpu
+                    .map_or(String::new(), |j| format!(" (JIT {j:.2})")),
                 run.tracker_cpu.unwrap_or(0.0),
                 run.broker_cpu.unwrap_or(f64::NAN),
+                run.broker_jit_cpu.unwrap_or(f64::NAN),
                 run.settled.waited_s,
                 run.settled.busy * 100.0,
             );
@@ -461,6 +479,12 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
             cpu.entry(kind.name()).or_default().push(run.client_cpu);
             if let Some(b) = run.broker_cpu {
                 broker_cpu.entry(kind.name()).or_default().push(b);
+            }
+            if let Some(j) = run.client_jit_cpu {
+                client_jit_cpu.entry(kind.name()).or_default().push(j);
+            }
+            if let Some(b) = run.broker_jit_cpu {
+                broker_jit_cpu.entry(kind.name()).or_default().push(b);
             }
             tracker_cpu.extend(run.tracker_cpu);
         }
@@ -477,6 +501,12 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
     }
     for (k, v) in &broker_cpu {
         r.broker_cpu_per_million.insert(k, Spread::of(v));
+    }
+    for (k, v) in &client_jit_cpu {
+        r.client_jit_cpu_per_million.insert(k, Spread::of(v));
+    }
+    for (k, v) in &broker_jit_cpu {
+        r.broker_jit_cpu_per_million.insert(k, Spread::of(v));
     }
     r.tracker_cpu_per_million = Spread::of(&tracker_cpu);
     if !plan.runs(Part::Latency) {

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::consumers::{Consumed, Seen, Target, BATCH};
-use super::kafka::unique;
+use super::kafka::{jit_cpu_seconds, unique};
 use super::Error;
 
 static DIR: OnceLock<PathBuf> = OnceLock::new();
@@ -105,14 +105,23 @@ pub fn consume(
     };
     let stdout = child.stdout.take().ok_or("share peer: no stdout")?;
     let mut done = None;
+    // The peer's JIT compiling from its first record to its result, read while it runs (it
+    // reports its CPU over the same span).
+    let pid = child.id();
+    let mut jit_at_first = 0.0;
+    let mut jit = None;
     for line in BufReader::new(stdout).lines() {
         let line = line?;
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["first"] => {
+                jit_at_first = jit_cpu_seconds(pid);
                 seen.fetch_add(1, Ordering::Relaxed);
             }
             ["done", n, ms, cpu_ms, mark, steady_ms] => {
+                // 0 if the JVM exited before it was read: then nothing is reported.
+                let now = jit_cpu_seconds(pid);
+                jit = (now > 0.0).then_some(now - jit_at_first);
                 let (mark, steady_ms): (i64, i64) = (mark.parse()?, steady_ms.parse()?);
                 let steady = (mark >= 0 && steady_ms >= 0)
                     .then(|| (mark as usize, Duration::from_millis(steady_ms as u64)));
@@ -136,6 +145,7 @@ pub fn consume(
         steady: steady.map(|(mark, d)| (received.saturating_sub(mark), d)),
         latencies_ms,
         cpu_seconds: Some(cpu_ms as f64 / 1000.0),
+        jit_cpu_seconds: jit,
     })
 }
 

@@ -54,7 +54,30 @@ pub fn stop_within(child: &mut Child, grace: Duration) -> bool {
 /// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat`; 0 if it is
 /// gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU seconds used so far by those threads of process `pid` whose name starts with one of
+/// `prefixes`, threads that have exited not counted; 0 if the process is gone. The benchmarks
+/// use it to show how much of a JVM broker's CPU went to compiling its own code (threads
+/// `C1 CompilerThre...` and `C2 CompilerThre...`), work a long-running broker did long ago.
+pub fn thread_cpu_seconds(pid: u32, prefixes: &[&str]) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0.0;
+    };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|name| prefixes.iter().any(|p| name.starts_with(p)))
+        })
+        .map(|task| stat_cpu_seconds(&task.path().join("stat").to_string_lossy()))
+        .sum()
+}
+
+/// utime + stime of a `/proc/.../stat` file in seconds; 0 if it cannot be read.
+fn stat_cpu_seconds(path: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(path) else {
         return 0.0;
     };
     // The fields after the command name, which is in parentheses and may hold spaces.
@@ -95,6 +118,30 @@ mod tests {
         child.wait().expect("true exits");
         assert_eq!(resident_bytes(pid), 0);
         assert_eq!(cpu_seconds(pid), 0.0);
+    }
+
+    #[test]
+    fn thread_cpu_is_counted_for_the_named_threads_only() {
+        let me = std::process::id();
+        // A thread that spins until the kernel has charged it a tick: the loop ending is the
+        // proof that its name is found and its CPU read.
+        let spun = std::thread::Builder::new()
+            .name("cpu-probe".into())
+            .spawn(move || {
+                let mut x = 0u64;
+                while thread_cpu_seconds(me, &["cpu-probe"]) == 0.0 {
+                    for i in 0..100_000u64 {
+                        x = std::hint::black_box(x.wrapping_add(i));
+                    }
+                }
+                thread_cpu_seconds(me, &["cpu-probe"])
+            })
+            .expect("thread starts")
+            .join()
+            .expect("thread ends");
+        assert!(spun > 0.0);
+        assert_eq!(thread_cpu_seconds(me, &["no-such-thread"]), 0.0);
+        assert_eq!(thread_cpu_seconds(u32::MAX, &["cpu-probe"]), 0.0);
     }
 
     #[test]
