@@ -212,8 +212,9 @@ pub async fn consume(
         Kind::Share => {
             let peers = share::dir()?;
             let (b, t) = (brokers.to_string(), topics.source.clone());
+            let warm_up = topics.share_warm_up.map(|n| (topics.warm_up(), n));
             tokio::task::spawn_blocking(move || {
-                share::consume(&peers, &b, &t, &target, &seen, limit)
+                share::consume(&peers, &b, &t, warm_up, &target, &seen, limit)
             })
             .await?
         }

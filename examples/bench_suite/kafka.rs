@@ -30,6 +30,9 @@ pub async fn create(
 pub struct Topics {
     pub source: String,
     pub markers: String,
+    /// Records preloaded into [`Topics::warm_up`] for the share peer to consume before its
+    /// timed part (throughput runs only; see `ShareConsumerBench.java`).
+    pub share_warm_up: Option<usize>,
 }
 
 pub async fn topics(brokers: &str) -> Result<Topics, Error> {
@@ -44,12 +47,16 @@ pub async fn topics(brokers: &str) -> Result<Topics, Error> {
     )
     .await?;
     create(brokers, &format!("{source}.dlq"), 1, &[]).await?;
-    Ok(Topics { source, markers })
+    Ok(Topics {
+        source,
+        markers,
+        share_warm_up: None,
+    })
 }
 
 impl Topics {
     /// Every topic a run on these may have made: source, markers, dead letters, the floor's
-    /// side topic and a snapshots topic.
+    /// side topic, a snapshots topic and the share peer's warm-up topic.
     pub fn all(&self) -> Vec<String> {
         vec![
             self.source.clone(),
@@ -57,7 +64,13 @@ impl Topics {
             format!("{}.floor", self.source),
             self.markers.clone(),
             format!("{}.snapshots", self.markers),
+            self.warm_up(),
         ]
+    }
+
+    /// The topic the share peer warms up on.
+    pub fn warm_up(&self) -> String {
+        format!("{}.warm-up", self.source)
     }
 }
 

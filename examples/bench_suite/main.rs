@@ -84,6 +84,11 @@ struct Args {
     /// A librdkafka setting for ours' client (repeatable), e.g. `--ours-set linger.ms=0`.
     #[arg(long, value_name = "KEY=VALUE", value_parser = consumers::parse_setting)]
     ours_set: Vec<(String, String)>,
+    /// Records the share peer, a JVM started for each throughput run, consumes from a topic of
+    /// its own before its timed part, so that its code is compiled before the clock starts as
+    /// a long-running consumer's is (200,000 by default, 500 with `--quick`; 0: none).
+    #[arg(long)]
+    share_warm_up: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -109,6 +114,8 @@ struct Plan {
     redelivery_offered: f64,
     /// The second, sustainable latency load.
     sustained: f64,
+    /// Records the share peer consumes before a timed throughput run (`--share-warm-up`).
+    share_warm_up: usize,
     kinds: Vec<Kind>,
     parts: Vec<Part>,
 }
@@ -126,6 +133,7 @@ impl Plan {
                 alone_in_flight: 5_000,
                 redelivery_offered: 1_000.0,
                 sustained: args.sustained.min(1_000.0),
+                share_warm_up: args.share_warm_up.unwrap_or(500),
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
@@ -140,6 +148,7 @@ impl Plan {
                 alone_in_flight: 1_000_000,
                 redelivery_offered: args.redelivery_offered,
                 sustained: args.sustained,
+                share_warm_up: args.share_warm_up.unwrap_or(200_000),
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
@@ -273,10 +282,16 @@ async fn throughput_run(
     n: usize,
     size: usize,
     unsettled: f64,
+    share_warm_up: usize,
 ) -> Result<Run, Error> {
     kafka::settle().await;
-    let topics = kafka::topics(brokers).await?;
+    let mut topics = kafka::topics(brokers).await?;
     kafka::preload(brokers, &topics.source, n, size).await?;
+    if kind == Kind::Share && share_warm_up > 0 {
+        kafka::create(brokers, &topics.warm_up(), kafka::PARTITIONS, &[]).await?;
+        kafka::preload(brokers, &topics.warm_up(), share_warm_up, size).await?;
+        topics.share_warm_up = Some(share_warm_up);
+    }
     let names = topics.all();
     // The preload leaves the broker flushing; the timed run starts on a quiet machine.
     let settled = kafka::settle().await;
@@ -456,7 +471,7 @@ async fn per_size(brokers: &str, plan: &Plan, size: usize) -> Result<SizeResult,
             break;
         }
         for &kind in &plan.kinds {
-            let run = throughput_run(brokers, kind, n, size, 0.0).await?;
+            let run = throughput_run(brokers, kind, n, size, 0.0, plan.share_warm_up).await?;
             eprintln!(
                 "size {size} rep {rep} {}: {:.0} msg/s ({:.0} from subscription); CPU s/M client {:.2}{}, tracker {:.2}, broker {:.2} (JIT {:.2}) (started after {:.1} s of settling, machine {:.0} % busy)",
                 kind.name(),
@@ -580,6 +595,7 @@ async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
             plan.throughput_messages / 4,
             100,
             share,
+            0,
         )
         .await?;
         eprintln!("redelivery flat out: {:.0} msg/s", run.rate);

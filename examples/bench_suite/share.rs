@@ -3,7 +3,9 @@
 //! `ShareConsumerBench.java`). Its time runs from creating the share consumer, as every
 //! kind's does from subscribing; its CPU time is measured by the JVM itself from the first
 //! record on, so JVM start-up and class loading are not charged to it. It polls up to
-//! [`BATCH`] records at a time (`max.poll.records`), the batch ours and the floor take.
+//! [`BATCH`] records at a time (`max.poll.records`), the batch ours and the floor take. In a
+//! throughput run it first consumes records of a warm-up topic, untimed, so that its JVM has
+//! compiled its hot code before the clock starts (`--share-warm-up`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -54,11 +56,13 @@ fn build() -> Result<PathBuf, Error> {
     Ok(PathBuf::from(dir))
 }
 
-/// Consumes `topic` with one share consumer until `target` records were acknowledged.
+/// Consumes `topic` with one share consumer until `target` records were acknowledged; first,
+/// untimed, `warm_up`'s records of its topic, when given.
 pub fn consume(
     peers: &Path,
     brokers: &str,
     topic: &str,
+    warm_up: Option<(String, usize)>,
     target: &Target,
     seen: &Seen,
     limit: Duration,
@@ -82,6 +86,7 @@ pub fn consume(
         .arg(limit.as_secs().to_string())
         .arg(latencies.path())
         .arg(BATCH.to_string())
+        .args(warm_up.map_or_else(Vec::new, |(t, n)| vec![t, n.to_string()]))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -28,7 +28,7 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * acknowledgement with redelivery.
  *
  * <p>Usage: {@code ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE
- * MAX_POLL}. A TARGET of -1 means "read it from stdin later" (the latency runs learn how many
+ * MAX_POLL [WARM_UP_TOPIC WARM_UP_RECORDS]}. A TARGET of -1 means "read it from stdin later" (the latency runs learn how many
  * records were offered only when the load stops); MAX_POLL is {@code max.poll.records}. It speaks
  * a line protocol with the Rust harness on stdout: {@code first} once the first record was
  * handed to the application, then {@code done RECEIVED ELAPSED_MS CPU_MS MARK STEADY_MS} at the
@@ -37,14 +37,20 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * runs from creating the consumer (as the suite times every kind from subscribing; JVM start-up
  * is not in it), CPU_MS from the first record (so class loading is not charged to the consumer).
  * Latencies (record creation time to handout, in ms) go to LATENCIES_FILE, one per line.
+ *
+ * <p>With WARM_UP_TOPIC, the peer first consumes and acknowledges WARM_UP_RECORDS records of that
+ * topic (in a share group of its own) and only then starts the timed part: a JVM compiles its
+ * hot code during its first seconds, which a consumer in service did long ago, and the suite
+ * measured half of a fresh peer's CPU going to its JIT compiler.
  */
 public final class ShareConsumerBench {
   private ShareConsumerBench() {}
 
   public static void main(String[] args) throws Exception {
-    if (args.length != 7) {
+    if (args.length != 7 && args.length != 9) {
       System.err.println(
-          "usage: ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE MAX_POLL");
+          "usage: ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE MAX_POLL"
+              + " [WARM_UP_TOPIC WARM_UP_RECORDS]");
       System.exit(2);
     }
     String brokers = args[0];
@@ -60,15 +66,11 @@ public final class ShareConsumerBench {
       reader.setDaemon(true);
       reader.start();
     }
+    if (args.length == 9) {
+      warmUp(brokers, args[7], group + "-warm-up", Long.parseLong(args[8]), maxPoll, limitMs);
+    }
     startFromEarliest(brokers, group);
-
-    Properties props = new Properties();
-    props.put("bootstrap.servers", brokers);
-    props.put("group.id", group);
-    // Every record is acknowledged by the application, one by one, as with ours.
-    props.put("share.acknowledgement.mode", "explicit");
-    // The batch the suite's other consumers take per poll (share groups default to 500).
-    props.put("max.poll.records", maxPoll);
+    Properties props = consumerProps(brokers, group, maxPoll);
     long[] lat = new long[1 << 16];
     int n = 0;
     long started = System.currentTimeMillis();
@@ -118,6 +120,48 @@ public final class ShareConsumerBench {
     }
     System.out.println("done " + n + " " + elapsed + " " + cpuMs + " " + mark + " " + steadyMs);
     System.out.flush();
+  }
+
+  /** The share consumer's settings, the same for the warm-up and the timed part. */
+  private static Properties consumerProps(String brokers, String group, String maxPoll) {
+    Properties props = new Properties();
+    props.put("bootstrap.servers", brokers);
+    props.put("group.id", group);
+    // Every record is acknowledged by the application, one by one, as with ours.
+    props.put("share.acknowledgement.mode", "explicit");
+    // The batch the suite's other consumers take per poll (share groups default to 500).
+    props.put("max.poll.records", maxPoll);
+    return props;
+  }
+
+  /**
+   * Consumes and acknowledges {@code records} records of {@code topic}, as the timed part does,
+   * so that the JVM has compiled that code before the clock starts. Gives up after {@code
+   * limitMs}; the timed part then runs on a JVM less warm, which the harness's JIT figure shows.
+   */
+  private static void warmUp(
+      String brokers, String topic, String group, long records, String maxPoll, long limitMs)
+      throws Exception {
+    startFromEarliest(brokers, group);
+    long started = System.currentTimeMillis();
+    long n = 0;
+    try (KafkaShareConsumer<byte[], byte[]> consumer =
+        new KafkaShareConsumer<>(
+            consumerProps(brokers, group, maxPoll),
+            new ByteArrayDeserializer(),
+            new ByteArrayDeserializer())) {
+      consumer.subscribe(List.of(topic));
+      while (n < records && System.currentTimeMillis() - started < limitMs) {
+        for (ConsumerRecord<byte[], byte[]> r : consumer.poll(Duration.ofMillis(100))) {
+          n++;
+          consumer.acknowledge(r, AcknowledgeType.ACCEPT);
+        }
+      }
+      consumer.commitSync(Duration.ofSeconds(30));
+    }
+    if (n < records) {
+      System.err.println("share peer: warm-up consumed " + n + " of " + records + " records");
+    }
   }
 
   /** A share group starts at the latest offset by default; the suite preloads records first. */
