@@ -28,8 +28,9 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
  * acknowledgement with redelivery.
  *
  * <p>Usage: {@code ShareConsumerBench BROKERS TOPIC GROUP TARGET LIMIT_S LATENCIES_FILE
- * MAX_POLL [WARM_UP_TOPIC WARM_UP_RECORDS]}. A TARGET of -1 means "read it from stdin later" (the latency runs learn how many
- * records were offered only when the load stops); MAX_POLL is {@code max.poll.records}. It speaks
+ * MAX_POLL [WARM_UP_TOPIC WARM_UP_RECORDS]}. A TARGET of -1 means "read it from stdin later"
+ * (the latency runs learn how many records were offered only when the load stops); MAX_POLL is
+ * {@code max.poll.records}. It speaks
  * a line protocol with the Rust harness on stdout: {@code first} once the first record was
  * handed to the application, then {@code done RECEIVED ELAPSED_MS CPU_MS MARK STEADY_MS} at the
  * end (STEADY_MS: from the MARKth record, a fifth of the target, to the end; -1 when the target
