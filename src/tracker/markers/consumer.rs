@@ -309,14 +309,18 @@ impl MarkersLoop {
         while !self.stop.load(Ordering::Relaxed) {
             let wait = self.wait_time(next_commit);
             if let Some(result) = self.consumer.poll(wait) {
-                // One reading of the clock for the whole batch: these markers were all fetched
-                // by now, and a clock read per marker cost a quarter of this loop's CPU.
-                let at = Instant::now();
+                // The monotonic clock is read after each poll, never before: a marker is
+                // anchored at the moment it was in hand, and an instant read before a later
+                // poll would anchor a newer marker too early and put partition time ahead of
+                // the broker's clock, publishing schedules and redeliveries early (seen in CI
+                // on a loaded machine: 786 of 3,000 schedules early). The wall clock is only
+                // the replay plausibility bound (30 s of slack), so one reading per batch
+                // serves; reading it per marker was what cost this loop a quarter of its CPU.
                 let wall_ms = wall_clock_ms();
-                self.handle(result, at, wall_ms);
+                self.handle(result, Instant::now(), wall_ms);
                 for _ in 0..10_000 {
                     match self.consumer.poll(Duration::ZERO) {
-                        Some(result) => self.handle(result, at, wall_ms),
+                        Some(result) => self.handle(result, Instant::now(), wall_ms),
                         None => break,
                     }
                 }
