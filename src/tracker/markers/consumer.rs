@@ -286,6 +286,35 @@ fn random_nonce() -> u64 {
     h.finish()
 }
 
+/// Most markers handled after one waiting poll before the loop looks at its deadlines again.
+const MAX_DRAIN: usize = 10_000;
+
+/// Handles `first` (what a waiting poll returned), then whatever `poll_now` has ready without
+/// waiting, up to [`MAX_DRAIN`] more.
+///
+/// The monotonic clock is read after each poll, never before: a marker is anchored at the
+/// moment it was in hand. An instant read before a later poll would anchor a newer marker too
+/// early and put partition time ahead of the broker's clock, which publishes schedules and
+/// redeliveries early (seen in CI on a loaded machine: 786 of 3,000 schedules early, when one
+/// reading served a whole drain). The wall clock is only the replay plausibility bound (30 s of
+/// slack), so one reading per drain serves; reading it per marker cost a quarter of the loop's
+/// CPU. Generic over the poll, the clock and the handler so that this order is unit-tested.
+fn drain<R>(
+    first: R,
+    mut poll_now: impl FnMut() -> Option<R>,
+    mut now: impl FnMut() -> Instant,
+    wall_ms: i64,
+    mut handle: impl FnMut(R, Instant, i64),
+) {
+    handle(first, now(), wall_ms);
+    for _ in 0..MAX_DRAIN {
+        match poll_now() {
+            Some(result) => handle(result, now(), wall_ms),
+            None => break,
+        }
+    }
+}
+
 /// The poll loop and what it needs.
 pub(crate) struct MarkersLoop {
     pub(crate) consumer: BaseConsumer<TrackerContext>,
@@ -309,21 +338,13 @@ impl MarkersLoop {
         while !self.stop.load(Ordering::Relaxed) {
             let wait = self.wait_time(next_commit);
             if let Some(result) = self.consumer.poll(wait) {
-                // The monotonic clock is read after each poll, never before: a marker is
-                // anchored at the moment it was in hand, and an instant read before a later
-                // poll would anchor a newer marker too early and put partition time ahead of
-                // the broker's clock, publishing schedules and redeliveries early (seen in CI
-                // on a loaded machine: 786 of 3,000 schedules early). The wall clock is only
-                // the replay plausibility bound (30 s of slack), so one reading per batch
-                // serves; reading it per marker was what cost this loop a quarter of its CPU.
-                let wall_ms = wall_clock_ms();
-                self.handle(result, Instant::now(), wall_ms);
-                for _ in 0..10_000 {
-                    match self.consumer.poll(Duration::ZERO) {
-                        Some(result) => self.handle(result, Instant::now(), wall_ms),
-                        None => break,
-                    }
-                }
+                drain(
+                    result,
+                    || self.consumer.poll(Duration::ZERO),
+                    Instant::now,
+                    wall_clock_ms(),
+                    |result, at, wall_ms| self.handle(result, at, wall_ms),
+                );
             }
             self.consumer
                 .context()
@@ -598,5 +619,60 @@ impl MarkersLoop {
         plan::committed(&mut owned.partitions, &plan.commits, result.is_ok());
         drop(owned);
         self.metrics.emit(CommitFinished { result: &result });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// Each marker of a drain is anchored at a clock reading taken after it was polled: the
+    /// regression test for one reading reused across a drain (partition time ahead, schedules
+    /// published early). The fake clock moves 1 ms per reading and each fake poll notes the
+    /// time it ran, so an anchor earlier than its marker's poll shows.
+    #[test]
+    fn each_marker_of_a_drain_is_anchored_after_its_own_poll() {
+        let base = Instant::now();
+        let ticks = Cell::new(0u64);
+        let clock = || {
+            ticks.set(ticks.get() + 1);
+            base + Duration::from_millis(ticks.get())
+        };
+        let polled_at = |_: ()| base + Duration::from_millis(ticks.get());
+        let left = Cell::new(5);
+        let mut anchored = Vec::new();
+        drain(
+            polled_at(()),
+            || {
+                // Time passes between the polls, as it does while a marker is applied.
+                ticks.set(ticks.get() + 10);
+                (left.get() > 0).then(|| {
+                    left.set(left.get() - 1);
+                    polled_at(())
+                })
+            },
+            clock,
+            7,
+            |polled, at, wall_ms| {
+                assert_eq!(wall_ms, 7);
+                anchored.push((polled, at));
+            },
+        );
+        assert_eq!(anchored.len(), 6, "the first and the five ready ones");
+        for (polled, at) in anchored {
+            assert!(
+                at >= polled,
+                "anchored {at:?} before its poll at {polled:?}"
+            );
+        }
+    }
+
+    /// A drain stops at the bound even if markers keep coming, so deadlines are looked at.
+    #[test]
+    fn a_drain_stops_after_its_bound() {
+        let mut handled = 0usize;
+        drain((), || Some(()), Instant::now, 0, |(), _, _| handled += 1);
+        assert_eq!(handled, MAX_DRAIN + 1);
     }
 }
