@@ -4,9 +4,10 @@ It speaks the marker format of the repository's docs/markers.md (version 2 by de
 same ``redelivery-tracker`` the Rust client uses.
 """
 
-from .consumer import Delivery, RedeliveryConsumer, RedeliveryError
+from .consumer import Delivery, RedeliveryConsumer
 from .markers import DecodeError, Source
 from .retry import RetryPolicy
+from .writer import RedeliveryError
 
 __all__ = [
     "DecodeError",

@@ -20,15 +20,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from . import headers as hdr
 from . import markers as m
+from .gather import SettleGatherer
 from .resume import ResumeCheck, Step, resumed_fetching
 from .retry import RetryPolicy
+from .writer import MarkerWriter, RedeliveryError, Write
 
 log = logging.getLogger("kafka_redelivery")
 
@@ -37,66 +38,6 @@ _Polled = tuple[Any, hdr.Headers, int, int]
 
 #: How long a committed-offset look-up or a position query may take.
 LOOKUP_WAIT_S = 5.0
-
-#: How long a marker write may take before it counts as failed: librdkafka's own delivery
-#: timeout (``delivery.timeout.ms``, 300 s by default) plus a margin.
-WRITE_WAIT_S = 310.0
-
-
-class RedeliveryError(Exception):
-    """A marker could not be written, the markers topic is unusable, or the consumer stopped."""
-
-
-@dataclass
-class _Write:
-    done: threading.Event
-    error: str | None = None
-
-
-class _MarkerWriter:
-    """Writes markers to the markers partition of their source partition and waits for them."""
-
-    def __init__(self, producer: Any, topic: str, partitions: int) -> None:
-        self.producer = producer
-        self.topic = topic
-        self.partitions = partitions
-
-    def send(self, marker: m.Marker, topic: str, partition: int) -> _Write:
-        write = _Write(threading.Event())
-
-        def delivered(err: KafkaError | None, _msg: Message | None) -> None:
-            if err is not None:
-                write.error = str(err)
-            write.done.set()
-
-        target = m.markers_partition(topic, partition, self.partitions)
-        payload = m.encode(marker)
-        while True:
-            try:
-                self.producer.produce(
-                    self.topic, value=payload, partition=target, on_delivery=delivered
-                )
-                return write
-            except BufferError:
-                # librdkafka's queue is full: let it drain.
-                self.producer.poll(0.01)
-
-    def wait(self, writes: list[_Write]) -> None:
-        """Serves delivery reports until every write in ``writes`` has its answer."""
-        deadline = time.monotonic() + WRITE_WAIT_S
-        for w in writes:
-            while not w.done.is_set():
-                if time.monotonic() > deadline:
-                    w.error = w.error or "no answer from the broker in time"
-                    break
-                self.producer.poll(0.005)
-
-    def write(self, marker: m.Marker, topic: str, partition: int) -> None:
-        """Writes one marker and returns once it is durable."""
-        w = self.send(marker, topic, partition)
-        self.wait([w])
-        if w.error is not None:
-            raise RedeliveryError(f"writing a marker for {topic}/{partition}: {w.error}")
 
 
 class Delivery:
@@ -234,7 +175,8 @@ class RedeliveryConsumer:
                 f"markers topic {markers_topic!r} is not usable ({why}); "
                 "create it with `redelivery-tracker topics create`"
             )
-        self._writer = _MarkerWriter(producer, markers_topic, len(found.partitions))
+        self._writer = MarkerWriter(producer, markers_topic, len(found.partitions))
+        self._gatherer = SettleGatherer(self._writer, marker_format)
         # Partitions whose first record is checked against the offset they should resume at
         # (see the resume module): after an assignment, a seek of ours, a resume of fetching.
         self._resuming: dict[tuple[str, int], ResumeCheck] = {}
@@ -489,7 +431,7 @@ class RedeliveryConsumer:
         groups: dict[tuple[str, int], list[_Polled]] = {}
         for msg in batch:
             groups.setdefault((msg.topic(), msg.partition()), []).append(self._read(msg))
-        planned: list[tuple[tuple[str, int], list[_Write]]] = []
+        planned: list[tuple[tuple[str, int], list[Write]]] = []
         for (topic, partition), polled in groups.items():
             writes = [self._writer.send(mk, topic, partition) for mk in self._starts(polled)]
             planned.append(((topic, partition), writes))
@@ -568,18 +510,6 @@ class RedeliveryConsumer:
             self._unsettled -= 1
 
     def _write(self, marker: m.Settle, d: Delivery) -> None:
-        """Writes a settlement (version 1: the marker it stands for) and waits for it."""
-        if self.marker_format == 1:
-            self._writer.write(_as_v1(marker, d.source), d.topic, d.partition)
-        else:
-            self._writer.write(marker, d.topic, d.partition)
-
-
-def _as_v1(s: m.Settle, source: m.Source) -> m.Marker:
-    if s.ends:
-        return m.End(source)
-    if s.nacks:
-        return m.Nack(source, s.nacks[0][1])
-    if s.rejects:
-        return m.Reject(source, s.rejects[0][1])
-    return m.KeepAlive(source, s.keep_alives[0][1])
+        """Writes one record's settlement (version 1: the marker it stands for), gathered with
+        those other threads make meanwhile, and waits for it (see the gather module)."""
+        self._gatherer.settle(marker, d.source)
