@@ -107,6 +107,32 @@ def test_poll_batch_and_ack_many_settle_a_batch_with_one_marker_per_partition(
     c.close()
 
 
+def test_acks_from_a_pool_of_threads_are_gathered_and_settle_every_record(
+    topics: Topics, tracker: Tracker
+) -> None:
+    produce(topics, [f"p-{i}" for i in range(60)])
+    c = consumer(topics)
+    got = take(c, 60)
+    errors: list[BaseException] = []
+
+    def ack_all(part: list[Delivery]) -> None:
+        try:
+            for d in part:
+                d.ack()
+        except BaseException as e:  # reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=ack_all, args=(got[i::6],)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert c.unsettled == 0
+    assert c.poll(3.0) is None, "a record acked from a thread came back"
+    c.close()
+
+
 def test_a_python_reject_lands_in_the_dead_letter_topic(topics: Topics, tracker: Tracker) -> None:
     produce(topics, ["bad"])
     c = consumer(topics)
