@@ -63,6 +63,46 @@ def test_unsettled_records_come_back_from_the_rust_tracker(
     c.close()
 
 
+def test_deliveries_let_go_of_unsettled_are_released_at_once_and_free_their_places(
+    topics: Topics, tracker: Tracker
+) -> None:
+    produce(topics, [f"g-{i}" for i in range(5)])
+    c = RedeliveryConsumer(
+        topics.brokers, unique("py-group"), [topics.source], topics.markers, max_unsettled=5
+    )
+    first = take(c, 5)
+    keys = {key(d) for d in first}
+    assert c.unsettled == 5
+    del first  # let go of, none settled
+    assert c.unsettled == 0, "their places under the bound are free"
+    # Back long before their 30 s timeout: released by the next poll, redelivered at once.
+    again = take(c, 5, within_s=20)
+    assert {key(d) for d in again} == keys
+    assert all(d.attempt == 2 for d in again)
+    c.ack_many(again)
+    c.close()
+
+
+def test_deliveries_kept_alive_automatically_outlast_their_timeout(
+    topics: Topics, tracker: Tracker
+) -> None:
+    produce(topics, [f"k-{i}" for i in range(3)])
+    c = RedeliveryConsumer(
+        topics.brokers,
+        unique("py-group"),
+        [topics.source],
+        topics.markers,
+        timeout_s=1.5,
+        auto_keep_alive=True,
+    )
+    held = take(c, 3)
+    # Three timeouts long, held and unsettled: kept alive, none comes back.
+    assert c.poll(4.5) is None, "a delivery kept alive was redelivered"
+    c.ack_many(held)
+    assert c.poll(2.0) is None, "an acked record came back"
+    c.close()
+
+
 def test_a_consumer_taking_over_inside_a_producer_batch_gets_the_rest_of_it(
     topics: Topics,
 ) -> None:

@@ -27,6 +27,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from . import headers as hdr
 from . import markers as m
 from .gather import SettleGatherer
+from .keepalive import KeepAlives
 from .resume import ResumeCheck, Step, resumed_fetching
 from .retry import RetryPolicy
 from .writer import MarkerWriter, RedeliveryError, Write
@@ -56,6 +57,7 @@ class Delivery:
         self.timeout_ms = timeout_ms
         self.original: m.Source | None = hdr.original(headers) if headers else None
         self.settled = False
+        self._kept_alive = False
 
     @property
     def source(self) -> m.Source:
@@ -90,12 +92,30 @@ class Delivery:
         marker = m.Settle(self.topic, self.partition, keep_alives=[(self.offset, ms)])
         self._owner._write(marker, self)
 
+    def auto_keep_alive(self) -> None:
+        """Keeps the delivery alive in the background, a KeepAlive every third of its timeout,
+        until it is settled or let go of (see the keepalive module). For a handler that may
+        run longer than the timeout: the record is then redelivered only if this process hangs
+        or dies. Calling it again does nothing."""
+        if self.settled or self._kept_alive:
+            return
+        self._kept_alive = True
+        self._owner._keep_alives.keep(self)
+
     def abandon(self) -> None:
         """Give up on the delivery without telling the tracker: it is redelivered when its
         timeout passes, as if this process had hung. Frees its place under the bound."""
         if not self.settled:
             self.settled = True
             self._owner._settled(self)
+
+    def __del__(self) -> None:
+        # Let go of unsettled: released for redelivery at once (a Nack without delay), as the
+        # Rust client does on drop, and its place under the bound freed. Only queued here: a
+        # finalizer may run on any thread, even inside one of our locks, so the consumer's next
+        # poll writes the release (RedeliveryConsumer._release_dropped).
+        if not getattr(self, "settled", True):
+            self._owner._dropped.append(self.source)
 
     def _settle(self, marker: m.Settle) -> None:
         if self.settled:
@@ -114,6 +134,8 @@ class RedeliveryConsumer:
     ``config`` adds librdkafka settings to both the consumer and the markers producer (for
     example SASL). ``marker_format`` 2 (the default) writes one Start per source partition of
     each batch; 1 writes one marker per record, for a tracker older than version 2.
+    ``auto_keep_alive`` keeps every delivery alive until it is settled, as
+    :meth:`Delivery.auto_keep_alive` does for one.
     """
 
     def __init__(
@@ -129,6 +151,7 @@ class RedeliveryConsumer:
         config: dict[str, Any] | None = None,
         max_batch: int = 500,
         marker_format: int = 2,
+        auto_keep_alive: bool = False,
     ) -> None:
         if marker_format not in (1, 2):
             raise ValueError(f"marker_format must be 1 or 2, not {marker_format}")
@@ -177,6 +200,8 @@ class RedeliveryConsumer:
             )
         self._writer = MarkerWriter(producer, markers_topic, len(found.partitions))
         self._gatherer = SettleGatherer(self._writer, marker_format)
+        self.auto_keep_alive = auto_keep_alive
+        self._keep_alives = KeepAlives(self._gatherer)
         # Partitions whose first record is checked against the offset they should resume at
         # (see the resume module): after an assignment, a seek of ours, a resume of fetching.
         self._resuming: dict[tuple[str, int], ResumeCheck] = {}
@@ -187,6 +212,11 @@ class RedeliveryConsumer:
             on_lost=self._on_revoke,
         )
         self._ready: deque[Delivery] = deque()
+        # Deliveries let go of unsettled (Delivery.__del__), to be released by the next poll;
+        # a deque because its appends and pops need no lock of ours.
+        self._dropped: deque[m.Source] = deque()
+        # Releases on their way: (what they release, their write), checked at each poll.
+        self._releases: list[tuple[str, Write]] = []
         self._lock = threading.Lock()
         self._unsettled = 0
         self._paused = False
@@ -195,9 +225,9 @@ class RedeliveryConsumer:
 
     @property
     def unsettled(self) -> int:
-        """Deliveries handed out and not settled yet."""
+        """Deliveries handed out and not settled yet (nor let go of)."""
         with self._lock:
-            return self._unsettled
+            return self._unsettled - len(self._dropped)
 
     def poll(self, timeout_s: float = 1.0) -> Delivery | None:
         """The next delivery, or ``None`` if none came within ``timeout_s``."""
@@ -221,6 +251,7 @@ class RedeliveryConsumer:
             raise RedeliveryError(f"the consumer stopped: {self._failed}")
         if self._closed:
             raise RedeliveryError("the consumer is closed")
+        self._release_dropped()
         if not self._ready:
             room = self.max_unsettled - self.unsettled
             self._set_paused(room <= 0)
@@ -249,9 +280,9 @@ class RedeliveryConsumer:
                 yield d
 
     def close(self) -> None:
-        """Leaves the group. Deliveries taken from Kafka but not handed out yet are released
-        for redelivery at once; those handed out can still be settled until the process ends,
-        and are redelivered after their timeout if they are not."""
+        """Leaves the group. Deliveries taken from Kafka but not handed out yet, and those let
+        go of unsettled, are released for redelivery at once; those still held can be settled
+        until the process ends, and are redelivered after their timeout if they are not."""
         if self._closed:
             return
         self._closed = True
@@ -261,9 +292,11 @@ class RedeliveryConsumer:
                 d.nack(0.0)
             except RedeliveryError as e:
                 log.warning("release of %s failed (%s); it times out instead", d, e)
+        self._release_dropped()
         self._set_paused(False)
         self._consumer.close()
         self._writer.producer.flush(10)
+        self._check_releases()
 
     def ack_many(self, deliveries: list[Delivery]) -> None:
         """Acknowledges many deliveries at once: one Settle marker per source partition, all
@@ -468,7 +501,11 @@ class RedeliveryConsumer:
                 log.warning("commit failed: %s", e)
         with self._lock:
             self._unsettled += len(handed)
-        self._ready.extend(Delivery(self, p) for p in handed)
+        deliveries = [Delivery(self, p) for p in handed]
+        if self.auto_keep_alive:
+            for d in deliveries:
+                d.auto_keep_alive()
+        self._ready.extend(deliveries)
 
     def _starts(self, polled: list[_Polled]) -> list[m.Marker]:
         """The Start markers for one source partition's records of a batch, in offset order."""
@@ -504,6 +541,47 @@ class RedeliveryConsumer:
             hdr.attempt(headers),
             hdr.timeout_ms(headers) or self.timeout_ms,
         )
+
+    def _release_dropped(self) -> None:
+        """Writes a release (a Nack without delay) for every delivery let go of unsettled since
+        the last poll, one marker per source partition, without waiting for it: a release
+        that fails leaves its records to their timeout, and :meth:`_check_releases` says so."""
+        self._check_releases()
+        if not self._dropped:
+            return
+        by_partition: dict[tuple[str, int], list[int]] = {}
+        while self._dropped:
+            src = self._dropped.popleft()
+            with self._lock:
+                self._unsettled -= 1
+            by_partition.setdefault((src.topic, src.partition), []).append(src.offset)
+        step = m.MAX_BATCH_RECORDS
+        for (topic, partition), offsets in by_partition.items():
+            what = f"{len(offsets)} deliveries of {topic}/{partition} (from offset {offsets[0]})"
+            log.debug("releasing %s let go of unsettled", what)
+            markers: list[m.Marker]
+            if self.marker_format == 1:
+                markers = [m.Nack(m.Source(topic, partition, o), 0) for o in offsets]
+            else:
+                markers = [
+                    m.Settle(topic, partition, nacks=[(o, 0) for o in offsets[i : i + step]])
+                    for i in range(0, len(offsets), step)
+                ]
+            for marker in markers:
+                try:
+                    self._releases.append((what, self._writer.send(marker, topic, partition)))
+                except Exception as e:  # the records still come back, after their timeout
+                    log.warning("releasing %s failed (%s); they time out instead", what, e)
+
+    def _check_releases(self) -> None:
+        """Forgets the releases the broker answered, with a warning for each that failed."""
+        waiting = []
+        for what, w in self._releases:
+            if not w.done.is_set():
+                waiting.append((what, w))
+            elif w.error is not None:
+                log.warning("releasing %s failed (%s); they time out instead", what, w.error)
+        self._releases = waiting
 
     def _settled(self, _d: Delivery) -> None:
         with self._lock:

@@ -108,10 +108,17 @@ class SettleGatherer:
         """Writes ``settle`` (one record's settlement of ``source``) with whatever else is
         gathered, and returns once its marker is durable; raises :class:`RedeliveryError`
         if it is not."""
-        ticket = _Ticket(settle, source)
+        (error,) = self.settle_all([(settle, source)])
+        if error is not None:
+            raise RedeliveryError(f"settling {source} was not written: {error}")
+
+    def settle_all(self, items: list[tuple[m.Settle, m.Source]]) -> list[str | None]:
+        """Writes every one-record settlement in ``items`` with whatever else is gathered and
+        returns once all are answered: for each, ``None`` if it is durable, else why not."""
+        tickets = [_Ticket(settle, source) for settle, source in items]
         with self._cond:
-            self._pending.append(ticket)
-            while not ticket.done:
+            self._pending.extend(tickets)
+            while not all(t.done for t in tickets):
                 if self._writing:
                     self._cond.wait()
                     continue
@@ -127,8 +134,7 @@ class SettleGatherer:
                         t.done = True
                     self._writing = False
                     self._cond.notify_all()
-        if ticket.error is not None:
-            raise RedeliveryError(f"settling {source} was not written: {ticket.error}")
+        return [t.error for t in tickets]
 
     def _write(self, batch: list[_Ticket]) -> None:
         """Sends the markers for ``batch``, waits for all of them, and gives each ticket its
