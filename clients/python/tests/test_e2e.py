@@ -10,10 +10,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 from conftest import Topics, Tracker, binary, produce, read_all, unique
 
-from kafka_redelivery import Delivery, RedeliveryConsumer
+from kafka_redelivery import (
+    BeyondRetentionError,
+    CancelOutcome,
+    Delivery,
+    RedeliveryConsumer,
+    ScheduleId,
+    Scheduler,
+    scheduled,
+)
 
 WORKER = Path(__file__).resolve().parents[1] / "examples" / "worker.py"
 
@@ -296,3 +305,29 @@ def test_a_rust_and_a_python_worker_share_one_group_and_one_tracker(
         rust.kill()
         py.wait()
         rust.wait()
+
+
+def test_python_schedules_are_delivered_by_the_rust_tracker_or_cancelled(
+    topics: Topics, tracker: Tracker
+) -> None:
+    s = Scheduler(topics.brokers, topics.markers)
+    soon = s.send_after(scheduled(topics.source, b"soon", key=b"s-1", partition=1), 0.5)
+    later = s.send_at(scheduled(topics.source, b"later", key=b"s-2"), time.time() + 120)
+    assert s.cancel(later) is CancelOutcome.CANCELLED
+    assert s.cancel(later) is CancelOutcome.ALREADY_CANCELLED
+    assert s.cancel(ScheduleId(0, 10**9)) is CancelOutcome.NOT_FOUND
+    # (That the tracker never delivers a cancelled schedule is tests/schedule.rs's to show.)
+    got = read_all(topics.brokers, topics.source, 1, wait_s=30)
+    assert [(msg.key(), msg.value(), msg.partition()) for msg in got] == [  # type: ignore[attr-defined]
+        (b"s-1", b"soon", 1)
+    ], "delivered to the partition it names"
+    header = dict(got[0].headers() or [])[  # type: ignore[attr-defined]
+        "kr-schedule-id"
+    ].decode()
+    assert ScheduleId.parse(header) == soon
+    assert s.cancel(soon) is CancelOutcome.ALREADY_DELIVERED
+    horizon = s.horizon_s
+    if horizon is not None:
+        with pytest.raises(BeyondRetentionError):
+            s.send_after(scheduled(topics.source, b"too late"), horizon + 3600)
+    s.close()

@@ -7,13 +7,19 @@ same ``redelivery-tracker`` the Rust client uses.
 from .consumer import Delivery, RedeliveryConsumer
 from .markers import DecodeError, Source
 from .retry import RetryPolicy
+from .scheduler import BeyondRetentionError, CancelOutcome, ScheduleId, Scheduler, scheduled
 from .writer import RedeliveryError
 
 __all__ = [
+    "BeyondRetentionError",
+    "CancelOutcome",
     "DecodeError",
     "Delivery",
     "RedeliveryConsumer",
     "RedeliveryError",
     "RetryPolicy",
+    "ScheduleId",
+    "Scheduler",
     "Source",
+    "scheduled",
 ]
