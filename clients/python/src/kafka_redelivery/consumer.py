@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from . import headers as hdr
 from . import markers as m
@@ -30,7 +30,7 @@ from .gather import SettleGatherer
 from .keepalive import KeepAlives
 from .resume import ResumeCheck, Step, resumed_fetching
 from .retry import RetryPolicy
-from .writer import MarkerWriter, RedeliveryError, Write
+from .writer import MarkerWriter, RedeliveryError, Write, durable_producer
 
 log = logging.getLogger("kafka_redelivery")
 
@@ -175,20 +175,7 @@ class RedeliveryConsumer:
                 **extra,
             }
         )
-        producer = Producer(
-            {
-                "bootstrap.servers": bootstrap_servers,
-                "enable.idempotence": True,
-                "acks": "all",
-                # Every write here is waited for at once (a batch's Starts, an ack's Settle,
-                # ack_many's markers), so lingering only delays it: at 2 ms a lone ack() took
-                # 2.4 ms and a poll batch's handout waited as long (BENCHMARKS.md). Writes
-                # from several threads still share requests while one is in flight.
-                "linger.ms": 0,
-                "compression.type": "none",
-                **extra,
-            }
-        )
+        producer = durable_producer({"bootstrap.servers": bootstrap_servers, **extra})
         meta = self._consumer.list_topics(markers_topic, timeout=10)
         found = meta.topics.get(markers_topic)
         if found is None or found.error is not None or not found.partitions:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import ConfigResource
 
 from . import markers as m
-from .writer import WRITE_WAIT_S, RedeliveryError
+from .writer import MarkerWriter, RedeliveryError, durable_producer
 
 #: How long one scan of a markers partition may read nothing before it gives up.
 SCAN_STALL_S = 30.0
@@ -163,15 +163,7 @@ class Scheduler:
         self.markers_topic = markers_topic
         self.settle_wait_s = settle_wait_s
         self._common = {"bootstrap.servers": bootstrap_servers, **(config or {})}
-        self._producer = Producer(
-            {
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 0,
-                "compression.type": "none",
-                **self._common,
-            }
-        )
+        self._producer = durable_producer(self._common)
         found = self._producer.list_topics(markers_topic, timeout=10).topics.get(markers_topic)
         if found is None or found.error is not None or not found.partitions:
             why = "missing" if found is None else (found.error or "no partitions")
@@ -180,6 +172,7 @@ class Scheduler:
                 "create it with `redelivery-tracker topics create`"
             )
         self._partitions = len(found.partitions)
+        self._writer = MarkerWriter(self._producer, markers_topic, self._partitions)
         self._retention_ms = self._read_retention()
         self._next = itertools.count()
         self._lock = threading.Lock()
@@ -261,34 +254,12 @@ class Scheduler:
     def _produce(self, payload: bytes, partition: int) -> ScheduleId:
         """Writes ``payload`` to ``partition`` of the markers topic and returns where it
         landed once it is durable."""
-        done = threading.Event()
-        result: list[ScheduleId] = []
-        failure: list[str] = []
-
-        def delivered(err: KafkaError | None, msg: Message | None) -> None:
-            partition = None if msg is None else msg.partition()
-            offset = None if msg is None else msg.offset()
-            if err is not None or partition is None or offset is None:
-                failure.append(str(err))
-            else:
-                result.append(ScheduleId(partition, offset))
-            done.set()
-
-        while True:
-            try:
-                self._producer.produce(
-                    self.markers_topic, value=payload, partition=partition, on_delivery=delivered
-                )
-                break
-            except BufferError:
-                self._producer.poll(0.01)
-        deadline = time.monotonic() + WRITE_WAIT_S
-        while not done.is_set() and time.monotonic() < deadline:
-            self._producer.poll(0.005)
-        if not result:
-            why = failure[0] if failure else "no answer from the broker in time"
+        w = self._writer.send_to(payload, partition)
+        self._writer.wait([w])
+        if w.error is not None or w.offset is None:
+            why = w.error or "the broker gave no offset"
             raise RedeliveryError(f"writing to {self.markers_topic}/{partition}: {why}")
-        return result[0]
+        return ScheduleId(partition, w.offset)
 
     def _read_retention(self) -> int | None:
         """The markers topic's ``retention.ms``; ``None`` when it is unlimited."""
