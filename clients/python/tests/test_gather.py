@@ -148,3 +148,19 @@ def test_merging_splits_a_partition_past_the_records_or_reason_bytes_one_marker_
         m.Settle("t", 2, keep_alives=[(1, 500)], nacks=[(2, 0)], ends=[3])
     ]
     assert m.decode(m.encode(kinds[0].marker)) == kinds[0].marker
+
+
+def test_a_write_interrupted_before_the_answers_leaves_no_ticket_looking_durable() -> None:
+    from kafka_redelivery.gather import _Ticket
+
+    w = FakeWriter()
+
+    def interrupted(writes: list[Write]) -> None:
+        raise KeyboardInterrupt
+
+    w.wait = interrupted  # type: ignore[method-assign]
+    g = gatherer(w)
+    batch = [_Ticket(*end("t", 0, 1)), _Ticket(*end("t", 1, 2))]
+    with pytest.raises(KeyboardInterrupt):
+        g._write(batch)
+    assert all(t.error == "interrupted before the broker answered" for t in batch)

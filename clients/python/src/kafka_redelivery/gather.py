@@ -138,7 +138,10 @@ class SettleGatherer:
 
     def _write(self, batch: list[_Ticket]) -> None:
         """Sends the markers for ``batch``, waits for all of them, and gives each ticket its
-        marker's answer. Never raises: a failure is every affected ticket's error."""
+        marker's answer. A failure is every affected ticket's error; interrupted (say by a
+        ``KeyboardInterrupt``) before the answers came, every ticket says so."""
+        for t in batch:
+            t.error = "interrupted before the broker answered"
         sent: list[tuple[Write, list[_Ticket]]] = []
         try:
             if self._format == 1:
