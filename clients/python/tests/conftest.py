@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import subprocess
 import tempfile
@@ -138,3 +139,60 @@ def read_all(brokers: str, topic: str, n: int, wait_s: float = 30.0) -> list[obj
             out.append(msg)
     c.close()
     return out
+
+
+def produce_with_raw_header(t: Topics, key: bytes, name: bytes, value: bytes) -> None:
+    """Produces one record to partition 0 of the source topic whose header name is the bytes
+    ``name``, which need not be UTF-8 (the C, Go and Java clients write such names). Through
+    librdkafka itself, with ctypes: confluent-kafka's produce() turns a bytes name into its
+    repr."""
+    import confluent_kafka
+
+    libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    lib = ctypes.CDLL(str(next(libs.glob("librdkafka*.so*"))))
+    lib.rd_kafka_conf_new.restype = ctypes.c_void_p
+    lib.rd_kafka_conf_set.argtypes = [ctypes.c_void_p] + [ctypes.c_char_p] * 3 + [ctypes.c_size_t]
+    lib.rd_kafka_new.restype = ctypes.c_void_p
+    lib.rd_kafka_new.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.rd_kafka_headers_new.restype = ctypes.c_void_p
+    lib.rd_kafka_headers_new.argtypes = [ctypes.c_size_t]
+    lib.rd_kafka_header_add.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_ssize_t,
+        ctypes.c_char_p,
+        ctypes.c_ssize_t,
+    ]
+    lib.rd_kafka_flush.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.rd_kafka_destroy.argtypes = [ctypes.c_void_p]
+    err = ctypes.create_string_buffer(512)
+    conf = lib.rd_kafka_conf_new()
+    assert lib.rd_kafka_conf_set(conf, b"bootstrap.servers", t.brokers.encode(), err, 512) == 0
+    rk = lib.rd_kafka_new(0, conf, err, 512)  # 0: a producer
+    assert rk, err.value
+    headers = lib.rd_kafka_headers_new(1)
+    assert lib.rd_kafka_header_add(headers, name, len(name), value, len(value)) == 0
+    # rd_kafka_producev's (type, value) pairs: TOPIC 1, PARTITION 3, VALUE 4, KEY 5,
+    # HEADERS 10, MSGFLAGS 7 (2: copy the payload), END 0.
+    c_int, c_ptr, c_size = ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t
+    status = lib.rd_kafka_producev(
+        ctypes.c_void_p(rk),
+        c_int(1),
+        c_ptr(t.source.encode()),
+        c_int(3),
+        ctypes.c_int32(0),
+        c_int(4),
+        c_ptr(key),
+        c_size(len(key)),
+        c_int(5),
+        c_ptr(key),
+        c_size(len(key)),
+        c_int(10),
+        ctypes.c_void_p(headers),
+        c_int(7),
+        c_int(2),
+        c_int(0),
+    )
+    assert status == 0, status
+    assert lib.rd_kafka_flush(rk, 10_000) == 0
+    lib.rd_kafka_destroy(rk)

@@ -12,7 +12,15 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from conftest import Topics, Tracker, binary, produce, read_all, unique
+from conftest import (
+    Topics,
+    Tracker,
+    binary,
+    produce,
+    produce_with_raw_header,
+    read_all,
+    unique,
+)
 
 from kafka_redelivery import (
     BeyondRetentionError,
@@ -331,3 +339,22 @@ def test_python_schedules_are_delivered_by_the_rust_tracker_or_cancelled(
         with pytest.raises(BeyondRetentionError):
             s.send_after(scheduled(topics.source, b"too late"), horizon + 3600)
     s.close()
+
+
+def test_a_record_whose_header_name_is_not_utf8_goes_to_the_dead_letter_topic_not_stuck(
+    topics: Topics, tracker: Tracker
+) -> None:
+    # confluent-kafka cannot hand such headers to Python (Message.headers() raises), so the
+    # record cannot be delivered as written: it is started, then rejected with the reason,
+    # and the tracker's dead-letter copy carries the header byte for byte.
+    produce(topics, ["before"])
+    produce_with_raw_header(topics, b"odd", b"\xff\xfekey", b"\x80\x00")
+    produce(topics, ["after"])
+    c = consumer(topics)
+    got = take(c, 2, within_s=60)
+    assert sorted(key(d) for d in got) == ["after", "before"]
+    c.ack_many(got)
+    dlq = read_all(topics.brokers, topics.dlq, 1, wait_s=30)
+    assert [msg.key() for msg in dlq] == [b"odd"]  # type: ignore[attr-defined]
+    assert c.poll(1.0) is None
+    c.close()

@@ -34,8 +34,15 @@ from .writer import MarkerWriter, RedeliveryError, Write, durable_producer
 
 log = logging.getLogger("kafka_redelivery")
 
-# A polled record with what its headers say: (message, headers, attempt, timeout in ms).
-_Polled = tuple[Any, hdr.Headers, int, int]
+# A polled record with what its headers say: (message, headers, attempt, timeout in ms);
+# headers ``None`` when confluent-kafka cannot read them (see ``_read``).
+_Polled = tuple[Any, hdr.Headers | None, int, int]
+
+#: Why a record whose headers confluent-kafka cannot read is dead-lettered (see ``_read``).
+UNREADABLE_HEADERS = (
+    "the Python client cannot read this record's headers (confluent-kafka refuses a header "
+    "name that is not UTF-8); its dead-letter copy carries them byte for byte"
+)
 
 #: How long a committed-offset look-up or a position query may take.
 LOOKUP_WAIT_S = 5.0
@@ -46,6 +53,7 @@ class Delivery:
 
     def __init__(self, owner: RedeliveryConsumer, polled: _Polled) -> None:
         msg, headers, attempt, timeout_ms = polled
+        headers = headers or []
         self._owner = owner
         self.topic: str = msg.topic()
         self.partition: int = msg.partition()
@@ -486,6 +494,10 @@ class RedeliveryConsumer:
             except KafkaException as e:
                 # The Starts are durable: a later owner redelivers what it polls again.
                 log.warning("commit failed: %s", e)
+        unreadable = [p for p in handed if p[1] is None]
+        if unreadable:
+            handed = [p for p in handed if p[1] is not None]
+            self._dead_letter_unreadable(unreadable)
         with self._lock:
             self._unsettled += len(handed)
         deliveries = [Delivery(self, p) for p in handed]
@@ -517,8 +529,25 @@ class RedeliveryConsumer:
         return out
 
     def _read(self, msg: Any) -> _Polled:
-        """A polled record with its headers read once: they give its attempt and timeout."""
-        headers = hdr.of_message(msg)
+        """A polled record with its headers read once: they give its attempt and timeout.
+
+        confluent-kafka raises for a header name that is not UTF-8 (which the C, Go and Java
+        clients write): such a record cannot be handed to Python as written, and without its
+        ``kr-attempt`` a failing handler could see it redelivered forever. It is started like
+        any other record and then rejected to the dead-letter topic
+        (``_dead_letter_unreadable``), where the tracker's copy keeps the headers byte for
+        byte. The message is not asked for its headers again: it keeps a broken list."""
+        try:
+            headers = hdr.of_message(msg)
+        except Exception as e:  # SystemError wrapping a UnicodeDecodeError, in 2.16
+            log.warning(
+                "%s/%s@%s: headers not readable (%s); it goes to the dead-letter topic",
+                msg.topic(),
+                msg.partition(),
+                msg.offset(),
+                e,
+            )
+            return (msg, None, 1, self.timeout_ms)
         if not headers:
             # Most records carry none: nothing to look up.
             return (msg, headers, 1, self.timeout_ms)
@@ -528,6 +557,19 @@ class RedeliveryConsumer:
             hdr.attempt(headers),
             hdr.timeout_ms(headers) or self.timeout_ms,
         )
+
+    def _dead_letter_unreadable(self, polled: list[_Polled]) -> None:
+        """Rejects records whose headers cannot be read (see ``_read``), their Starts durable:
+        the tracker sends each to the dead-letter topic with the reason. If a Reject is not
+        written, the record comes back after its timeout and is rejected then."""
+        sources = [m.Source(msg.topic(), msg.partition(), msg.offset()) for msg, _, _, _ in polled]
+        items = [
+            (m.Settle(s.topic, s.partition, rejects=[(s.offset, UNREADABLE_HEADERS)]), s)
+            for s in sources
+        ]
+        for (_, source), error in zip(items, self._gatherer.settle_all(items), strict=True):
+            if error is not None:
+                log.warning("rejecting %s failed (%s); it times out and comes back", source, error)
 
     def _release_dropped(self) -> None:
         """Writes a release (a Nack without delay) for every delivery let go of unsettled since

@@ -6,6 +6,7 @@ range is clamped.
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from .markers import Source
@@ -18,11 +19,22 @@ MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 
 
 def of_message(msg: Any) -> Headers:
-    """A confluent-kafka message's headers, names as text."""
-    return [
-        (k if isinstance(k, str) else k.decode("utf-8", "replace"), v)
-        for k, v in (msg.headers() or [])
-    ]
+    """A confluent-kafka message's headers, names as text.
+
+    Raises (``SystemError``, in confluent-kafka 2.16) for a header name that is not UTF-8:
+    confluent-kafka then leaves the name out of its list with the decoding error pending. If
+    the garbage collector runs during the call (the list's allocations can start it) and a
+    finalizer clears that error, the broken list is returned as if all were well and touching
+    it crashes the process, which the end-to-end test saw. With the collector held off for
+    the call, the error always surfaces as an exception the consumer handles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        raw = msg.headers()
+    finally:
+        if enabled:
+            gc.enable()
+    return [(k if isinstance(k, str) else k.decode("utf-8", "replace"), v) for k, v in (raw or [])]
 
 
 def value(headers: Headers, name: str) -> bytes | None:
