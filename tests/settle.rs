@@ -238,6 +238,69 @@ async fn a_consumer_taking_over_inside_a_producer_batch_gets_the_rest_of_it() {
     drop(held);
 }
 
+/// A partition paused by back-pressure, taken away by a rebalance and given back later, is
+/// fetched again. librdkafka keeps an application's pause on a partition it no longer owns,
+/// and resuming "the assignment" never reaches it: before the fix the partition stayed paused
+/// for good once it came back, and its records were never delivered (the cluster fault suite's
+/// stall of 2026-12-04: one source partition unread for four minutes by three live workers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_paused_when_taken_away_is_fetched_when_it_comes_back() {
+    let t = topics(2, 1).await;
+    produce_many(&t.source, 2, "p", 20).await;
+    let group = unique("group");
+    let config = ConsumerConfig::new(brokers(), &group, [&t.source], &t.markers)
+        .max_unsettled(2)
+        .max_batch(2);
+    let mut first = RedeliveryConsumer::new(config).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let d = first
+            .recv_timeout(Duration::from_secs(60))
+            .await
+            .expect("delivery");
+        held.push(d);
+    }
+    // Held past the back-pressure's grace, so fetching pauses on both partitions.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A second member takes one partition away, settles one record and leaves; the partition
+    // comes back to the first, which must then get what is produced to either.
+    let mut second = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30)).await;
+    let d = second
+        .recv_timeout(Duration::from_secs(60))
+        .await
+        .expect("the second member got a partition");
+    d.ack().await.unwrap();
+    // The partition the rebalance gave back to the first is paused as it is assigned: the
+    // first stays within its bound of two.
+    assert!(
+        first.recv_timeout(Duration::from_secs(1)).await.is_none(),
+        "a delivery past max_unsettled"
+    );
+    second.close().await.unwrap();
+    for d in held.drain(..) {
+        d.ack().await.unwrap();
+    }
+    produce_many(&t.source, 2, "later", 20).await;
+    let mut later = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while later.len() < 20 && Instant::now() < deadline {
+        if let Some(d) = first.recv_timeout(Duration::from_secs(1)).await {
+            let key = String::from_utf8_lossy(d.key().unwrap_or_default()).into_owned();
+            if key.starts_with("later-") {
+                later.insert((d.partition(), key));
+            }
+            d.ack().await.unwrap();
+        }
+    }
+    let partitions: std::collections::BTreeSet<i32> = later.iter().map(|(p, _)| *p).collect();
+    assert_eq!(
+        later.len(),
+        20,
+        "records produced after the partition came back were not all delivered (got them \
+         from partitions {partitions:?})"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_holds_a_delivery_past_its_timeout() {
     let t = topics(1, 1).await;

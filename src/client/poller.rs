@@ -207,8 +207,9 @@ impl Poller {
         if pipeline.len() >= PIPELINE_DEPTH || (room == 0 && !paused) {
             return false;
         }
-        // Paused, the poll serves rebalances; a partition assigned meanwhile is not paused
-        // yet, so at most one of its records is taken per poll.
+        // Paused, the poll serves rebalances. A partition assigned meanwhile is paused as it
+        // is assigned (`PollContext`), but records fetched before that may be queued: at most
+        // one is taken per poll.
         let limit = if paused {
             1
         } else {
@@ -268,6 +269,9 @@ impl Poller {
         } else {
             self.consumer.resume(&assignment)
         };
+        if result.is_ok() {
+            self.consumer.context().set_paused(pause);
+        }
         match result {
             Ok(()) if !pause => {
                 // A paused partition's prefetched records are dropped; resumed, it fetches

@@ -145,6 +145,42 @@ def test_a_consumer_taking_over_inside_a_producer_batch_gets_the_rest_of_it(
     second.close()
 
 
+def test_a_partition_paused_when_taken_away_is_fetched_when_it_comes_back(
+    topics: Topics,
+) -> None:
+    # librdkafka keeps a paused partition paused after it is taken away, and resuming the
+    # assignment does not reach it: before the fix, a partition revoked while back-pressure
+    # paused fetching came back paused for good, and its records were never delivered.
+    produce(topics, [f"p-{i}" for i in range(20)])
+    group = unique("py-group")
+    first = RedeliveryConsumer(
+        topics.brokers, group, [topics.source], topics.markers, max_unsettled=2, max_batch=2
+    )
+    held = take(first, 2)
+    assert first.poll(0.5) is None, "a delivery past max_unsettled"  # and fetching pauses
+    second = consumer(topics, group)
+    got = None
+    deadline = time.monotonic() + 60
+    while got is None:
+        assert time.monotonic() < deadline, "the second member never got a partition"
+        got = second.poll(0.2)
+        assert first.poll(0.05) is None, "a delivery past max_unsettled"
+    got.ack()
+    second.close()
+    first.ack_many(held)
+    produce(topics, [f"later-{i}" for i in range(20)])
+    later: set[str] = set()
+    deadline = time.monotonic() + 60
+    while len(later) < 20 and time.monotonic() < deadline:
+        d = first.poll(0.5)
+        if d is not None:
+            if key(d).startswith("later-"):
+                later.add(key(d))
+            d.ack()
+    assert len(later) == 20, f"only {len(later)} of the 20 records produced later came"
+    first.close()
+
+
 def test_poll_batch_and_ack_many_settle_a_batch_with_one_marker_per_partition(
     topics: Topics, tracker: Tracker
 ) -> None:

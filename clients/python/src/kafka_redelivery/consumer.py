@@ -250,8 +250,8 @@ class RedeliveryConsumer:
         if not self._ready:
             room = self.max_unsettled - self.unsettled
             self._set_paused(room <= 0)
-            # Paused, the poll only serves rebalances; a partition assigned meanwhile is not
-            # paused yet, so at most one of its records comes (as in the Rust client).
+            # Paused, the poll only serves rebalances (a partition assigned meanwhile is paused
+            # as it comes); a limit of one bounds what a pause that failed lets through.
             limit = 1 if room <= 0 else min(room, self.max_batch)
             wait = min(timeout_s, 0.1) if room <= 0 else timeout_s
             messages = self._consumer.consume(num_messages=limit, timeout=wait)
@@ -353,6 +353,14 @@ class RedeliveryConsumer:
         ``auto.offset.reset`` says, at a batch, unchecked."""
         for tp in partitions:
             self._resuming.pop((tp.topic, tp.partition), None)
+        if self._paused:
+            # Paused for back-pressure: the new partitions are paused before they are assigned
+            # (librdkafka keeps the pause through the assignment), so none of their records
+            # comes past max_unsettled.
+            try:
+                consumer.pause(partitions)
+            except KafkaException as e:
+                log.warning("could not pause newly assigned partitions: %s", e)
         try:
             committed = consumer.committed(partitions, timeout=LOOKUP_WAIT_S)
         except KafkaException as e:
@@ -360,9 +368,18 @@ class RedeliveryConsumer:
             return
         self._check_resumes_at(committed)
 
-    def _on_revoke(self, _consumer: Any, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
+        """``partitions`` go to another consumer. librdkafka keeps an application's pause on a
+        partition after it is revoked, and ``_set_paused(False)`` resumes only the assignment of
+        the day: a partition taken away while back-pressure paused fetching would come back
+        paused for good. Resuming it here clears that; it is unassigned next, so nothing is
+        fetched for it meanwhile."""
         for tp in partitions:
             self._resuming.pop((tp.topic, tp.partition), None)
+        try:
+            consumer.resume(partitions)
+        except KafkaException as e:
+            log.warning("could not clear the pause of revoked partitions: %s", e)
 
     def _check_resumes_at(self, positions: list[TopicPartition]) -> None:
         for tp in positions:
