@@ -369,11 +369,11 @@ class RedeliveryConsumer:
         self._check_resumes_at(committed)
 
     def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        """``partitions`` go to another consumer. librdkafka keeps an application's pause on a
-        partition after it is revoked, and ``_set_paused(False)`` resumes only the assignment of
-        the day: a partition taken away while back-pressure paused fetching would come back
-        paused for good. Resuming it here clears that; it is unassigned next, so nothing is
-        fetched for it meanwhile."""
+        """``partitions`` are taken away (revoked or lost). librdkafka keeps an application's
+        pause on a partition after it is revoked, and ``_set_paused(False)`` resumes only the
+        current assignment: a partition taken away while back-pressure paused fetching would
+        come back paused for good. Resuming it here clears that; it is unassigned next, so
+        nothing is fetched for it meanwhile."""
         for tp in partitions:
             self._resuming.pop((tp.topic, tp.partition), None)
         try:
