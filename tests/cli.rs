@@ -278,11 +278,7 @@ async fn inspect_shows_what_a_running_tracker_holds() {
     let mut c = consumer(&t, Duration::from_secs(120)).await;
     let mut held = Vec::new();
     for _ in 0..6 {
-        held.push(
-            c.recv_timeout(Duration::from_secs(60))
-                .await
-                .expect("delivery"),
-        );
+        held.push(next_delivery(&mut c, "delivery").await);
     }
     // The view refreshes every commit interval; wait until it shows all six.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -348,10 +344,7 @@ async fn dlq_redrive_sends_filtered_records_back_and_resumes_where_it_stopped() 
     let mut originals = std::collections::HashMap::new();
     // Even keys are rejected, odd ones abandoned: with one delivery allowed, all 8 are dead-lettered.
     for _ in 0..8 {
-        let d = c
-            .recv_timeout(Duration::from_secs(60))
-            .await
-            .expect("delivery");
+        let d = next_delivery(&mut c, "delivery").await;
         let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
         originals.insert(key.clone(), d.offset());
         if key[2..].parse::<u32>().unwrap() % 2 == 0 {
@@ -400,10 +393,7 @@ async fn dlq_redrive_sends_filtered_records_back_and_resumes_where_it_stopped() 
     let mut c = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(60)).await;
     let mut back = Vec::new();
     for _ in 0..4 {
-        let d = c
-            .recv_timeout(Duration::from_secs(60))
-            .await
-            .expect("redriven record");
+        let d = next_delivery(&mut c, "redriven record").await;
         assert_eq!(d.attempt(), 1, "a redriven record starts again");
         let key = String::from_utf8_lossy(d.key().unwrap()).into_owned();
         assert_eq!(

@@ -114,10 +114,7 @@ async fn killed_tracker_restarts_from_its_commit_and_redelivers_only_after_catch
     let mut c = consumer_v1_of(&source, &t.markers, &unique("g"), Duration::from_secs(8)).await;
     let mut unacked = BTreeSet::new();
     for _ in 0..40 {
-        let d = c
-            .recv_timeout(Duration::from_secs(60))
-            .await
-            .expect("delivery");
+        let d = next_delivery(&mut c, "delivery").await;
         let key = key_of(&d);
         let n: u32 = key[2..].parse().unwrap();
         // The first half is acked, so the oldest Start in flight is half-way through the log.
@@ -236,10 +233,7 @@ async fn surviving_replica_takes_over_with_nothing_lost() {
     produce_many(&t.source, 4, "r", 100).await;
     let mut c = consumer(&t, Duration::from_secs(5)).await;
     for _ in 0..100 {
-        c.recv_timeout(Duration::from_secs(60))
-            .await
-            .expect("delivery")
-            .abandon();
+        next_delivery(&mut c, "delivery").await.abandon();
     }
     sigterm(&a);
     assert!(

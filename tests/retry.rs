@@ -36,10 +36,7 @@ async fn backoff_grows_as_configured_and_the_limit_dead_letters() {
     let mut gaps = Vec::new();
     let mut nacked_at: Option<Instant> = None;
     for attempt in 1..=4u32 {
-        let d = c
-            .recv_timeout(Duration::from_secs(60))
-            .await
-            .expect("delivery");
+        let d = next_delivery(&mut c, "delivery").await;
         if let Some(at) = nacked_at {
             gaps.push(at.elapsed());
         }
@@ -88,13 +85,12 @@ async fn a_per_message_limit_lowers_the_policy() {
         &[(headers::MAX_DELIVERIES, "2")],
     )
     .await;
-    c.recv_timeout(Duration::from_secs(60))
+    next_delivery(&mut c, "delivery")
         .await
-        .unwrap()
         .nack()
         .await
         .unwrap();
-    let second = c.recv_timeout(Duration::from_secs(60)).await.unwrap();
+    let second = next_delivery(&mut c, "redelivery").await;
     assert_eq!(second.attempt(), 2);
     second.nack().await.unwrap();
     let dlq = read(&t.dlq, 1, Duration::from_secs(60));

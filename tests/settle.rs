@@ -99,10 +99,7 @@ async fn unsettled_record_is_redelivered_intact_with_the_next_attempt() {
     )
     .await;
 
-    let first = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("first delivery");
+    let first = next_delivery(&mut c, "first delivery").await;
     assert_eq!(first.attempt(), 1);
     assert_eq!(first.original(), None);
     assert_eq!(
@@ -112,10 +109,7 @@ async fn unsettled_record_is_redelivered_intact_with_the_next_attempt() {
     );
     first.abandon();
 
-    let second = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("redelivery");
+    let second = next_delivery(&mut c, "redelivery").await;
     assert_eq!(second.attempt(), 2);
     assert_eq!(second.key(), Some(&b"k1"[..]));
     assert_eq!(second.payload(), Some(&b"payload-1"[..]));
@@ -208,12 +202,7 @@ async fn a_consumer_taking_over_inside_a_producer_batch_gets_the_rest_of_it() {
     let mut first = RedeliveryConsumer::new(config).await.unwrap();
     let mut held = Vec::new();
     for _ in 0..5 {
-        held.push(
-            first
-                .recv_timeout(Duration::from_secs(60))
-                .await
-                .expect("delivery"),
-        );
+        held.push(next_delivery(&mut first, "delivery").await);
     }
     assert_eq!(
         held.iter().map(|d| d.offset()).collect::<Vec<_>>(),
@@ -254,10 +243,7 @@ async fn a_partition_paused_when_taken_away_is_fetched_when_it_comes_back() {
     let mut first = RedeliveryConsumer::new(config).await.unwrap();
     let mut held = Vec::new();
     for _ in 0..2 {
-        let d = first
-            .recv_timeout(Duration::from_secs(60))
-            .await
-            .expect("delivery");
+        let d = next_delivery(&mut first, "delivery").await;
         held.push(d);
     }
     // Held past the back-pressure's grace, so fetching pauses on both partitions.
@@ -265,10 +251,7 @@ async fn a_partition_paused_when_taken_away_is_fetched_when_it_comes_back() {
     // A second member takes one partition away, settles one record and leaves; the partition
     // comes back to the first, which must then get what is produced to either.
     let mut second = consumer_of(&t.source, &t.markers, &group, Duration::from_secs(30)).await;
-    let d = second
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("the second member got a partition");
+    let d = next_delivery(&mut second, "the second member got a partition").await;
     d.ack().await.unwrap();
     // The partition the rebalance gave back to the first is paused as it is assigned: the
     // first stays within its bound of two.
@@ -307,10 +290,7 @@ async fn keep_alive_holds_a_delivery_past_its_timeout() {
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     let mut c = consumer(&t, Duration::from_secs(1)).await;
     produce(&t.source, None, "k", b"v", &[]).await;
-    let d = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("delivery");
+    let d = next_delivery(&mut c, "delivery").await;
     tracker.wait_ready().await;
     let held = Instant::now();
     while held.elapsed() < Duration::from_secs(4) {
@@ -345,10 +325,7 @@ async fn auto_keep_alive_holds_a_delivery_while_the_handle_lives() {
     .await
     .unwrap();
     produce(&t.source, None, "k", b"v", &[]).await;
-    let d = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("delivery");
+    let d = next_delivery(&mut c, "delivery").await;
     tracker.wait_ready().await;
     assert!(
         c.recv_timeout(Duration::from_secs(4)).await.is_none(),
@@ -365,18 +342,12 @@ async fn nack_redelivers_after_the_delay() {
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     let mut c = consumer(&t, Duration::from_secs(60)).await;
     produce(&t.source, None, "k", b"v", &[]).await;
-    let d = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("delivery");
+    let d = next_delivery(&mut c, "delivery").await;
     tracker.wait_ready().await;
     let delay = Duration::from_secs(2);
     let nacked_at = Instant::now();
     d.nack_after(delay).await.unwrap();
-    let again = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("redelivery after nack");
+    let again = next_delivery(&mut c, "redelivery after nack").await;
     // Correctness, not speed: the copy must not come before the delay the application asked
     // for (the deadline is counted from the Nack marker, appended after `nacked_at`).
     assert!(
@@ -400,25 +371,16 @@ async fn dropped_delivery_or_unawaited_ack_is_released_at_once() {
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     let mut c = consumer(&t, Duration::from_secs(600)).await;
     produce(&t.source, None, "k", b"v", &[]).await;
-    let d = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("delivery");
+    let d = next_delivery(&mut c, "delivery").await;
     tracker.wait_ready().await;
     drop(d);
     // With a ten-minute timeout, only the release marker can bring it back this soon.
-    let again = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("released delivery comes back");
+    let again = next_delivery(&mut c, "released delivery comes back").await;
     assert_eq!(again.attempt(), 2);
     // A settlement does nothing until awaited: an `ack()` dropped unawaited drops its
     // delivery unsettled, which releases it the same way.
     drop(again.ack());
-    let third = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("a delivery whose ack was never awaited comes back");
+    let third = next_delivery(&mut c, "a delivery whose ack was never awaited comes back").await;
     assert_eq!(third.attempt(), 3);
     third.ack().await.unwrap();
     tracker.stop().await;
@@ -430,10 +392,7 @@ async fn reject_sends_the_record_to_the_dead_letter_topic_with_its_reason() {
     let tracker = TrackerGuard::start(tracker_config(&t, 5));
     let mut c = consumer(&t, Duration::from_secs(60)).await;
     let (p, o) = produce(&t.source, None, "bad", b"{not json", &[("trace", "t1")]).await;
-    let d = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("delivery");
+    let d = next_delivery(&mut c, "delivery").await;
     d.reject("cannot parse JSON").await.unwrap();
     let dlq = read(&t.dlq, 1, Duration::from_secs(60));
     assert_eq!(dlq.len(), 1, "one record dead-lettered");
@@ -464,10 +423,7 @@ async fn max_deliveries_ends_in_the_dead_letter_topic() {
     produce(&t.source, None, "doomed", b"v", &[]).await;
     let mut attempts = Vec::new();
     while attempts.len() < 3 {
-        let d = c
-            .recv_timeout(Duration::from_secs(60))
-            .await
-            .expect("delivery");
+        let d = next_delivery(&mut c, "delivery").await;
         attempts.push(d.attempt());
         d.abandon();
     }
@@ -515,9 +471,6 @@ async fn the_new_group_protocol_works_where_served_and_is_refused_where_not() {
     }
     let mut c = result.expect("the broker serves KIP-848 consumer groups");
     produce(&t.source, None, "k", b"v", &[]).await;
-    let d = c
-        .recv_timeout(Duration::from_secs(60))
-        .await
-        .expect("a delivery through the new protocol");
+    let d = next_delivery(&mut c, "a delivery through the new protocol").await;
     d.ack().await.unwrap();
 }

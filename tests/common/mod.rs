@@ -197,6 +197,18 @@ impl TrackerGuard {
     }
 }
 
+/// The consumer's next delivery. A minute is a bound for a test that would otherwise hang,
+/// never a timing assertion; `what` names the delivery the panic says did not come.
+pub async fn next_delivery(
+    c: &mut kafka_redelivery::client::RedeliveryConsumer,
+    what: &str,
+) -> kafka_redelivery::client::Delivery {
+    match c.recv_timeout(Duration::from_secs(60)).await {
+        Some(d) => d,
+        None => panic!("no {what} within a minute"),
+    }
+}
+
 /// A client-library consumer of the test's source topic, in a fresh group.
 pub async fn consumer(
     t: &Topics,
