@@ -236,3 +236,62 @@ async fn a_wrong_password_fails_fast_and_secrets_are_never_shown() {
         );
     }
 }
+
+/// A tracker missing the ACL on its group, and one missing Read on the markers topic: each
+/// ends with exit 77, saying what Kafka refused, instead of staying up unready for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracker_refused_its_group_or_markers_topic_exits_saying_so() {
+    let cluster = secured();
+    let (no_group, no_read) = (cluster.topics(1, 1).await, cluster.topics(1, 1).await);
+    let (ungranted, granted) = (unique("trackers"), unique("trackers"));
+    let markers_ops = ["Read", "Write", "DescribeConfigs"];
+    acl(
+        &cluster,
+        "tracker",
+        ("--topic", &no_group.markers),
+        &markers_ops,
+    );
+    acl(
+        &cluster,
+        "tracker",
+        ("--topic", &no_read.markers),
+        &markers_ops[1..],
+    );
+    acl(&cluster, "tracker", ("--group", &granted), &["Read"]);
+
+    let runs: Vec<(&str, std::path::PathBuf, ChildGuard)> = [
+        (&no_group, &ungranted, "Group authorization failed"),
+        (&no_read, &granted, "Topic authorization failed"),
+    ]
+    .into_iter()
+    .map(|(t, group, refused)| {
+        let log = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("refused.log"));
+        let child = tracker_run(&cluster, t, group, TRACKER_PASSWORD, &admin_addr())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        (refused, log, ChildGuard(child))
+    })
+    .collect();
+    for (refused, log, mut child) in runs {
+        // Far beyond the refusal's grace: a bound for a test that would otherwise hang.
+        let status = redelivery_testkit::wait::until(
+            Duration::from_secs(120),
+            Duration::from_millis(100),
+            || child.0.try_wait().ok().flatten(),
+        );
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(77),
+            "{refused}: {stderr}"
+        );
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(
+            last.contains("refused") && last.contains(refused),
+            "the last line names what was refused: {last}"
+        );
+    }
+}

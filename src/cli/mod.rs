@@ -21,7 +21,8 @@ use args::{Cli, Command, DlqCommand, RunArgs, TopicsCommand};
 pub const EX_USAGE: u8 = 64;
 /// Exit code when the Kafka side is set up wrongly, e.g. a missing markers topic (`EX_CONFIG`).
 pub const EX_CONFIG: u8 = 78;
-/// Exit code when Kafka refuses the credentials or certificate (`EX_NOPERM`).
+/// Exit code when Kafka refuses the credentials or certificate, or the tracker its group or
+/// markers topic from the start (`EX_NOPERM`).
 pub const EX_NOPERM: u8 = 77;
 
 /// Parses the arguments and runs the command. Bad arguments print one line naming the flag and
@@ -200,7 +201,11 @@ async fn run(args: RunArgs) -> ExitCode {
         Err(e) => {
             tracing::error!(error = %e, "tracker failed");
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            match e {
+                // Like refused credentials: waiting cannot fix it.
+                TrackerError::Refused(_) => ExitCode::from(EX_NOPERM),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

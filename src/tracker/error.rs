@@ -20,6 +20,13 @@ pub enum TrackerError {
     /// A worker thread ended unexpectedly.
     #[error("tracker thread failed: {0}")]
     Thread(String),
+    /// Kafka refused this tracker its consumer group or the markers topic from the start (a
+    /// missing ACL): the broker's word on it. Waiting cannot fix it; granting the ACL can.
+    #[error(
+        "Kafka refused this tracker access since it started ({0}); grant its principal Read \
+         on its consumer group and Read and Write on the markers topic (README, Security)"
+    )]
+    Refused(String),
 }
 
 impl TrackerError {

@@ -14,7 +14,7 @@ use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::fence::Fence;
 use crate::tracker::error::TrackerError;
 use crate::tracker::inspect::SharedView;
-use crate::tracker::markers::consumer::{MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
+use crate::tracker::markers::consumer::{Ended, MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
 use crate::tracker::memory;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::readiness::Readiness;
@@ -102,8 +102,12 @@ impl Tracker {
             _ = shutdown => tracing::info!("stop requested; draining"),
             () = memory::give_back_after_replays(self.ready.subscribe()) => {}
             r = &mut threads.consumer => {
-                // The loop only ends on its own when the worker is gone: say why it went.
-                joined("markers", r)?;
+                if let Ended::Refused(why) = joined("markers", r)? {
+                    threads.stop_worker.store(true, Ordering::Relaxed);
+                    bounded("redelivery worker", &mut threads.worker, GRACE).await?;
+                    return Err(TrackerError::Refused(why));
+                }
+                // Otherwise the loop only ends on its own when the worker is gone: say why.
                 bounded("redelivery worker", &mut threads.worker, GRACE).await?;
                 return Err(TrackerError::Thread("the redelivery worker stopped".into()));
             }
@@ -173,6 +177,7 @@ impl Tracker {
             ready: self.ready.clone(),
             view: self.view.clone(),
             stop: stop_consumer.clone(),
+            refusals: Default::default(),
         };
         let consumer = spawn_thread("markers", move || markers.run()).inspect_err(|_| {
             // The worker is already running; without its consumer nobody would stop it.
@@ -230,7 +235,7 @@ impl Tracker {
 
 /// The tracker's two threads and the flags that stop them.
 struct Threads {
-    consumer: oneshot::Receiver<Result<(), String>>,
+    consumer: oneshot::Receiver<Result<Ended, String>>,
     worker: oneshot::Receiver<Result<(), String>>,
     stop_consumer: Arc<AtomicBool>,
     stop_worker: Arc<AtomicBool>,

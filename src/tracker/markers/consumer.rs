@@ -7,6 +7,7 @@
 //! hand-off: the `Mutex` around the states is never contended, it only satisfies `Sync`, and it
 //! is never held across `poll`.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -28,6 +29,7 @@ use crate::tracker::core::fence::Fence;
 use crate::tracker::inspect::{SharedView, TrackerView};
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
 use crate::tracker::markers::plan;
+use crate::tracker::markers::refusal::Refusals;
 use crate::tracker::metrics::intake::{ConsumeFailed, MarkerUndecodable, Tombstone};
 use crate::tracker::metrics::progress::{CommitFinished, RestoreFailed};
 use crate::tracker::metrics::work::ProduceFailed;
@@ -328,14 +330,27 @@ pub(crate) struct MarkersLoop {
     pub(crate) ready: crate::tracker::Readiness,
     pub(crate) view: SharedView,
     pub(crate) stop: Arc<AtomicBool>,
+    /// Kafka refusing the tracker its group or the markers topic (`refusal.rs`).
+    pub(crate) refusals: RefCell<Refusals>,
+}
+
+/// How the poll loop ended.
+#[derive(Debug)]
+pub(crate) enum Ended {
+    /// A stop was requested; every owned partition was committed.
+    Stopped,
+    /// Kafka refused this tracker its group or the markers topic from the start: the
+    /// broker's last word on it. Nothing was committed.
+    Refused(String),
 }
 
 impl MarkersLoop {
-    /// Runs until a stop is requested, then commits every owned partition.
-    pub(crate) fn run(self) {
+    /// Runs until a stop is requested, then commits every owned partition; or until a refusal
+    /// that lasted from the start ends it.
+    pub(crate) fn run(self) -> Ended {
         let mut ticks: Vec<DeliveryFuture> = Vec::new();
         let mut next_commit = Instant::now() + self.config.commit_interval;
-        while !self.stop.load(Ordering::Relaxed) {
+        while !self.stop.load(Ordering::Relaxed) && !self.refused_for_good() {
             let wait = self.wait_time(next_commit);
             if let Some(result) = self.consumer.poll(wait) {
                 drain(
@@ -350,6 +365,7 @@ impl MarkersLoop {
                 .context()
                 .install_restores(&self.consumer, Instant::now());
             if self.became_ready() {
+                self.refusals.borrow_mut().became_ready();
                 // Ready, its view and its gauges said together, at once.
                 self.commit_and_publish();
                 next_commit = Instant::now() + self.config.commit_interval;
@@ -362,6 +378,11 @@ impl MarkersLoop {
                 next_commit = Instant::now() + self.config.commit_interval;
             }
         }
+        if let Some(why) = self.refusals.borrow().for_good(Instant::now()) {
+            tracing::error!(reason = why, "Kafka refused this tracker its group or the markers topic since it started; stopping");
+            // Never ready, so there is nothing of its own to commit.
+            return Ended::Refused(why.to_string());
+        }
         let ctx = self.consumer.context();
         let ids: Vec<i32> = ctx.lock().partitions.keys().copied().collect();
         // Before the group is left: the worker must not act for partitions a replica takes.
@@ -369,6 +390,7 @@ impl MarkersLoop {
         let mut owned = ctx.lock();
         ctx.commit_now(&self.consumer, &mut owned, &ids);
         tracing::info!(partitions = ids.len(), "final commit done");
+        Ended::Stopped
     }
 
     /// Applies one markers record read at `at` (host wall clock `wall_ms`, the bound on
@@ -376,8 +398,12 @@ impl MarkersLoop {
     fn handle(&self, result: KafkaResult<BorrowedMessage<'_>>, at: Instant, wall_ms: i64) {
         let m = match result {
             Ok(m) => m,
-            Err(e) => return self.metrics.emit(ConsumeFailed { error: &e }),
+            Err(e) => {
+                self.refusals.borrow_mut().saw(&e, at);
+                return self.metrics.emit(ConsumeFailed { error: &e });
+            }
         };
+        self.refusals.borrow_mut().read_something();
         let mut owned = self.consumer.context().lock();
         let Some(p) = owned.partitions.get_mut(&m.partition()) else {
             return;
@@ -485,6 +511,10 @@ impl MarkersLoop {
     /// up to an interval slower than it was. Becoming unready still waits for the interval:
     /// readiness is for probes and operators, while what may be redelivered is decided per
     /// partition by its own Tick.
+    fn refused_for_good(&self) -> bool {
+        self.refusals.borrow().for_good(Instant::now()).is_some()
+    }
+
     fn became_ready(&self) -> bool {
         if self.ready.is_ready() {
             return false;
@@ -498,6 +528,7 @@ impl MarkersLoop {
             None => true,
             Some(Ok(Ok(_))) => false,
             Some(Ok(Err((e, _)))) => {
+                self.refusals.borrow_mut().saw(&e, Instant::now());
                 self.metrics.emit(ProduceFailed {
                     what: "tick",
                     target: &self.config.markers_topic,

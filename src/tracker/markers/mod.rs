@@ -5,7 +5,10 @@
 //!   rebalance callbacks land (grant and fence off partitions, ask for their snapshots).
 //! - [`partition`]: one owned markers partition: its state, clock, catch-up (the Tick) and
 //!   snapshot progress.
+//! - `refusal`: Kafka refusing the tracker its group or the markers topic, which ends a
+//!   tracker that was never ready (exit 77 from `run`).
 
 pub(crate) mod consumer;
 pub mod partition;
 mod plan;
+mod refusal;
