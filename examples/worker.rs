@@ -9,7 +9,10 @@
 //! `{"topic":..,"partition":..,"offset":..,"attempt":..,"key":..,"outcome":"ack"}` where outcome
 //! is `ack`, `nack`, `reject` or `unsettled` (abandoned, left to time out). With
 //! `--log-received` it also writes a line with outcome `received` when a delivery arrives and
-//! one with outcome `acking` just before an ack. Every line carries `at_ms`, the wall clock.
+//! one with outcome `acking` just before an ack. Every line carries `at_ms`, the wall clock: for
+//! `ack`, `nack` and `reject`, when the settlement was durable, so that a checker can tell a
+//! delivery still held when its worker was stopped (its End written after) from one settled
+//! before.
 //! `--crash-after N` aborts the process after N deliveries, with deliveries in hand.
 
 use std::io::Write;
@@ -186,7 +189,8 @@ async fn settle(d: Delivery, args: &Args) {
     }
 }
 
-/// Settles `d` with `f` and returns its JSON line (outcome filled in by the caller).
+/// Settles `d` with `f` and returns its JSON line (outcome filled in by the caller), stamped
+/// when the settlement was durable.
 async fn settle_with<F, Fut>(
     d: Delivery,
     f: F,
@@ -195,11 +199,24 @@ where
     F: FnOnce(Delivery) -> Fut,
     Fut: std::future::Future<Output = Result<(), kafka_redelivery::client::ClientError>>,
 {
-    let line = json(&d, "");
-    f(d).await.map(|()| line)
+    let mut line = fields(&d, "");
+    f(d).await.map(|()| {
+        line["at_ms"] = now_ms().into();
+        line.to_string()
+    })
 }
 
 fn json(d: &Delivery, outcome: &str) -> String {
+    fields(d, outcome).to_string()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_millis() as u64)
+}
+
+fn fields(d: &Delivery, outcome: &str) -> serde_json::Value {
     serde_json::json!({
         "topic": d.topic(),
         "partition": d.partition(),
@@ -208,11 +225,8 @@ fn json(d: &Delivery, outcome: &str) -> String {
         "key": d.key().map(|k| String::from_utf8_lossy(k).into_owned()),
         "original": d.original().map(|o| o.to_string()),
         "outcome": outcome,
-        "at_ms": std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |t| t.as_millis() as u64),
+        "at_ms": now_ms(),
     })
-    .to_string()
 }
 
 fn emit(d: &Delivery, outcome: &str) {

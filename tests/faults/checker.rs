@@ -174,7 +174,10 @@ impl Checker {
 /// Held, not merely received before: a worker stopped long after it acked a record is not to
 /// blame for that record's second delivery. (Counted by "received before" until 2026-12-03,
 /// every duplicate of a record whose worker was stopped at any later time went to the stops,
-/// which hid 72,000 records re-read after a resume check was replaced: RELIABILITY.md.)
+/// which hid 72,000 records re-read after a resume check was replaced: RELIABILITY.md.) A
+/// settlement's line is stamped when the settlement was durable; until 2026-12-05 it was stamped
+/// when it began, so a worker stopped between the two did not count as holding the delivery,
+/// and its late End's duplicate went to the nearest infrastructure fault instead.
 fn blame(events: &[Event], incarnations: &[Incarnation], faults: &[(u64, Fault)]) -> String {
     let mut received: Vec<&Event> = events.iter().filter(|e| e.outcome == "received").collect();
     received.sort_by_key(|e| e.at_ms);
