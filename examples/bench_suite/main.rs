@@ -89,6 +89,12 @@ struct Args {
     /// a long-running consumer's is (200,000 by default, 500 with `--quick`; 0: none).
     #[arg(long)]
     share_warm_up: Option<usize>,
+    /// Run the latency runs of every kind at the same time, each on topics of its own with a
+    /// load of its own, their loads starting together: a broker pause or a busy moment of the
+    /// machine then falls on every kind alike, where one after another it falls on whichever
+    /// kind is running and decides the ratio of their p99s.
+    #[arg(long)]
+    together: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -116,6 +122,8 @@ struct Plan {
     sustained: f64,
     /// Records the share peer consumes before a timed throughput run (`--share-warm-up`).
     share_warm_up: usize,
+    /// Latency runs of all kinds at once (`--together`).
+    together: bool,
     kinds: Vec<Kind>,
     parts: Vec<Part>,
 }
@@ -134,6 +142,7 @@ impl Plan {
                 redelivery_offered: 1_000.0,
                 sustained: args.sustained.min(1_000.0),
                 share_warm_up: args.share_warm_up.unwrap_or(500),
+                together: args.together,
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
@@ -149,6 +158,7 @@ impl Plan {
                 redelivery_offered: args.redelivery_offered,
                 sustained: args.sustained,
                 share_warm_up: args.share_warm_up.unwrap_or(200_000),
+                together: args.together,
                 kinds: args.kinds.clone(),
                 parts: args.parts.clone(),
             }
@@ -230,6 +240,8 @@ struct Results {
     reps: usize,
     throughput_messages: usize,
     latency_span_s: u64,
+    /// Whether the latency runs of all kinds ran at once (`--together`).
+    latency_together: bool,
     /// Whether kmq could be fetched (it is skipped when it cannot).
     kmq: String,
     sizes: BTreeMap<usize, SizeResult>,
@@ -354,7 +366,8 @@ struct LatencyRun {
 }
 
 /// One latency run: `rate` records per second offered for `span`; latencies per record.
-/// `unsettled` is the share of first deliveries ours leaves unacked (redelivered).
+/// `unsettled` is the share of first deliveries ours leaves unacked (redelivered). With
+/// `together`, the load starts only once every run waiting on it has warmed up.
 async fn latency_run(
     brokers: &str,
     kind: Kind,
@@ -362,6 +375,7 @@ async fn latency_run(
     span: Duration,
     size: usize,
     unsettled: f64,
+    together: Option<Arc<tokio::sync::Barrier>>,
 ) -> Result<LatencyRun, Error> {
     kafka::settle().await;
     let topics = kafka::topics(brokers).await?;
@@ -402,6 +416,11 @@ async fn latency_run(
     }
     // Time for the warm-up records it does not report to arrive before the load starts.
     tokio::time::sleep(rest).await;
+    if let Some(all_ready) = together {
+        tokio::time::timeout(Duration::from_secs(300), all_ready.wait())
+            .await
+            .map_err(|_| format!("{}: the kinds run with it never got ready", kind.name()))?;
+    }
     let sent = kafka::offer(&producer, &source, rate, span, size).await?;
     eprintln!(
         "  {}: offered {sent} in {span:?}; waiting for the consumer",
@@ -555,10 +574,7 @@ async fn latency_at(
     let mut p50: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     let mut p99: BTreeMap<&'static str, Vec<f64>> = BTreeMap::new();
     for rep in 0..plan.reps {
-        for &kind in &plan.kinds {
-            let lat = latency_run(brokers, kind, offered, plan.latency_span, size, 0.0)
-                .await?
-                .latencies_ms;
+        for (kind, lat) in latency_runs(brokers, plan, size, offered).await? {
             let l = Latency::of(lat.clone());
             eprintln!(
                 "size {size} rep {rep} {} at {offered:.0}/s: p50 {:.1} ms, p99 {:.1} ms",
@@ -578,6 +594,42 @@ async fn latency_at(
         r.p99_ms.insert(k, Spread::of(v));
     }
     Ok(r)
+}
+
+/// One latency run of each kind: one after another, or all at once (`--together`); each
+/// kind's latencies, in `plan.kinds`' order.
+async fn latency_runs(
+    brokers: &str,
+    plan: &Plan,
+    size: usize,
+    offered: f64,
+) -> Result<Vec<(Kind, Vec<f64>)>, Error> {
+    let span = plan.latency_span;
+    if !plan.together {
+        let mut all = Vec::new();
+        for &kind in &plan.kinds {
+            let run = latency_run(brokers, kind, offered, span, size, 0.0, None).await?;
+            all.push((kind, run.latencies_ms));
+        }
+        return Ok(all);
+    }
+    let ready = Arc::new(tokio::sync::Barrier::new(plan.kinds.len()));
+    let runs: Vec<_> = plan
+        .kinds
+        .iter()
+        .map(|&kind| {
+            let (b, ready) = (brokers.to_string(), ready.clone());
+            tokio::spawn(async move {
+                let run = latency_run(&b, kind, offered, span, size, 0.0, Some(ready)).await?;
+                Ok::<_, Error>((kind, run.latencies_ms))
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for run in futures::future::join_all(runs).await {
+        all.push(run??);
+    }
+    Ok(all)
 }
 
 /// Scenario 6: ours with a share of deliveries left unacked. Flat out (preloaded, as fast as
@@ -611,6 +663,7 @@ async fn redelivery(brokers: &str, plan: &Plan) -> Result<Redelivery, Error> {
             plan.latency_span,
             100,
             share,
+            None,
         )
         .await?;
         steady.extend(run.tracker_metrics);
@@ -713,6 +766,7 @@ async fn main() -> Result<(), Error> {
         reps: plan.reps,
         throughput_messages: plan.throughput_messages,
         latency_span_s: plan.latency_span.as_secs(),
+        latency_together: plan.together,
         sizes,
         redelivery,
         tracker_alone: alone,
