@@ -393,6 +393,11 @@ impl MarkersLoop {
         Ended::Stopped
     }
 
+    /// Whether a refusal since the start has lasted long enough to end the loop (`refusal.rs`).
+    fn refused_for_good(&self) -> bool {
+        self.refusals.borrow().for_good(Instant::now()).is_some()
+    }
+
     /// Applies one markers record read at `at` (host wall clock `wall_ms`, the bound on
     /// marker timestamps during replay).
     fn handle(&self, result: KafkaResult<BorrowedMessage<'_>>, at: Instant, wall_ms: i64) {
@@ -511,10 +516,6 @@ impl MarkersLoop {
     /// up to an interval slower than it was. Becoming unready still waits for the interval:
     /// readiness is for probes and operators, while what may be redelivered is decided per
     /// partition by its own Tick.
-    fn refused_for_good(&self) -> bool {
-        self.refusals.borrow().for_good(Instant::now()).is_some()
-    }
-
     fn became_ready(&self) -> bool {
         if self.ready.is_ready() {
             return false;
