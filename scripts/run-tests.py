@@ -26,16 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 # Wall time in seconds of the slow binaries as last measured. They start first so the run is
 # not left waiting on one long binary at the end; unknown binaries count as quick.
 EXPECTED_SECONDS = {
-    "bench_suite": 110,
-    "outage": 150,
-    "faults": 135,
-    "schedule": 67,
+    "outage": 169,
+    "faults": 149,
+    "bench_suite": 137,
+    "security": 95,
+    "schedule": 66,
     "snapshot": 64,
     "crash": 60,
     "crash_points": 57,
-    "hostile": 46,
-    "security": 41,
-    "settle": 23,
+    "settle": 32,
+    "hostile": 29,
 }
 
 RESULT = re.compile(

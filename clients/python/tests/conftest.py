@@ -90,7 +90,7 @@ class Tracker:
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "the tracker exited"
+            assert self.proc.poll() is None, f"the tracker exited:\n{self.log_text()}"
             if address_file.exists() and address_file.read_text().strip():
                 url = f"http://{address_file.read_text().strip()}/readyz"
                 try:
@@ -100,7 +100,12 @@ class Tracker:
                 except OSError:
                     pass
             time.sleep(0.2)
-        raise AssertionError("the tracker did not become ready within 60 s")
+        raise AssertionError(f"the tracker did not become ready within 60 s:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        """The tracker's log so far: what a failed test shows to explain itself."""
+        self.log.flush()
+        return (Path(self.dir.name) / "tracker.log").read_text(errors="replace")[-20000:]
 
     def close(self) -> None:
         self.proc.kill()

@@ -540,11 +540,19 @@ impl MarkersLoop {
             Some(Err(_)) => false,
         });
         let now = Instant::now();
+        let mut stalled = TopicPartitionList::new();
         let mut owned = self.consumer.context().lock();
         for p in owned.partitions.values_mut() {
             let Some(nonce) = p.tick_due(now) else {
                 continue;
             };
+            if let Some(silent) = p.silent_since_tick(now) {
+                self.metrics.emit(Problem::ReplayStalled {
+                    partition: p.id,
+                    silent,
+                });
+                stalled.add_partition(&self.config.markers_topic, p.id);
+            }
             let payload = encode(&Marker::Tick { nonce });
             let record = FutureRecord::<(), _>::to(&self.config.markers_topic)
                 .partition(p.id)
@@ -558,6 +566,14 @@ impl MarkersLoop {
                 }),
             }
             p.tick_sent(now);
+        }
+        drop(owned);
+        // Resuming a partition that is not paused changes nothing; one that stayed paused
+        // (a pause that took effect after the resume meant to end it) would never be ready.
+        if stalled.count() > 0 {
+            if let Err(e) = self.consumer.resume(&stalled) {
+                self.metrics.emit(Problem::ResumeFailed { error: &e });
+            }
         }
     }
 

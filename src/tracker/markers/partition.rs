@@ -182,6 +182,22 @@ impl OwnedPartition {
         }
     }
 
+    /// How long ago the Tick still awaited was last written, if nothing at all has been read
+    /// from this partition since and its snapshot is restored: its fetch has delivered nothing
+    /// although the Tick, at least, is there to read. A replay that reads anything, however
+    /// long, is not silent.
+    pub fn silent_since_tick(&self, now: Instant) -> Option<Duration> {
+        let CatchUp::Replaying {
+            sent_at: Some(sent),
+            ..
+        } = self.catch_up
+        else {
+            return None;
+        };
+        let read_since = self.last_read.is_some_and(|(_, at)| at >= sent);
+        (self.restore == Restore::Done && !read_since).then(|| now.saturating_duration_since(sent))
+    }
+
     /// Notes that the Tick was written at `now`.
     pub fn tick_sent(&mut self, now: Instant) {
         if let CatchUp::Replaying { nonce, .. } = self.catch_up {
@@ -369,5 +385,39 @@ mod tests {
         p.apply(1, 0, &Marker::Tick { nonce: 42 }, &metrics);
         assert!(p.is_ready());
         assert_eq!(p.tick_due(t0 + TICK_RETRY * 2), None);
+    }
+
+    #[test]
+    fn a_replay_is_silent_only_when_nothing_came_since_its_tick_was_written() {
+        let metrics = Metrics::new();
+        let mut p = OwnedPartition::new("m", 0, 42);
+        let t0 = Instant::now();
+        assert_eq!(p.silent_since_tick(t0), None, "no Tick written yet");
+        p.tick_sent(t0);
+        let later = t0 + TICK_RETRY;
+        assert_eq!(p.silent_since_tick(later), Some(TICK_RETRY));
+        p.restore = Restore::Asked;
+        assert_eq!(p.silent_since_tick(later), None, "paused for its snapshot");
+        p.restore = Restore::Done;
+        p.observe(
+            0,
+            Some(1_000),
+            t0 + Duration::from_millis(1),
+            1_000,
+            &metrics,
+        );
+        assert_eq!(
+            p.silent_since_tick(later),
+            None,
+            "a long replay still reads"
+        );
+        p.tick_sent(later);
+        assert_eq!(
+            p.silent_since_tick(later + TICK_RETRY),
+            Some(TICK_RETRY),
+            "nothing since the Tick was written again"
+        );
+        p.apply(1, 1_000, &Marker::Tick { nonce: 42 }, &metrics);
+        assert_eq!(p.silent_since_tick(later + TICK_RETRY), None, "ready");
     }
 }

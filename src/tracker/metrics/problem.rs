@@ -51,11 +51,15 @@ pub(crate) enum Problem<'a> {
     /// broker's: the topic allows it (`--allow-create-time`), or the broker ignores
     /// `LogAppendTime` (Tansu 0.6 does). Said once per partition and assignment.
     MarkersNotBrokerStamped { partition: i32 },
+    /// A replaying partition read nothing, not even its own Tick, for this long since the Tick
+    /// was written: its Tick is written again and its fetch resumed, in case the pause for its
+    /// snapshot outlived the restore (it stays unready, and so does the tracker, until it reads).
+    ReplayStalled { partition: i32, silent: Duration },
 }
 
 impl Problem<'_> {
     /// Every `kind` label, initialised at 0 so alerts see a series before the first problem.
-    pub(crate) const KINDS: [&'static str; 12] = [
+    pub(crate) const KINDS: [&'static str; 13] = [
         "pass_outlived_revocation",
         "pause_failed",
         "resume_failed",
@@ -68,6 +72,7 @@ impl Problem<'_> {
         "snapshot_entries_skipped",
         "source_reader_error",
         "markers_not_broker_stamped",
+        "replay_stalled",
     ];
 
     /// The `kind` label.
@@ -85,6 +90,7 @@ impl Problem<'_> {
             Problem::SnapshotEntriesSkipped { .. } => "snapshot_entries_skipped",
             Problem::SourceReaderError { .. } => "source_reader_error",
             Problem::MarkersNotBrokerStamped { .. } => "markers_not_broker_stamped",
+            Problem::ReplayStalled { .. } => "replay_stalled",
         }
     }
 
@@ -143,6 +149,13 @@ impl Problem<'_> {
                 "markers carry the writers' timestamps (CreateTime), not the broker's, although \
                  the topic may say LogAppendTime: deadlines follow the clocks of the hosts that \
                  write markers, so keep those in sync"
+            ),
+            Problem::ReplayStalled { partition, silent } => tracing::warn!(
+                partition,
+                ?silent,
+                "replaying partition has read nothing since its Tick was written, not even the \
+                 Tick; writing it again and resuming the partition's fetch (is the markers \
+                 topic's leader reachable?)"
             ),
         }
     }

@@ -43,6 +43,10 @@ fn every_problem_counts_under_its_own_kind() {
             skipped: 2,
         },
         Problem::MarkersNotBrokerStamped { partition: 3 },
+        Problem::ReplayStalled {
+            partition: 1,
+            silent: std::time::Duration::from_secs(5),
+        },
     ];
     let kinds: Vec<_> = problems.iter().map(Problem::kind).collect();
     for p in problems {
