@@ -540,7 +540,7 @@ impl MarkersLoop {
             Some(Err(_)) => false,
         });
         let now = Instant::now();
-        let mut stalled = TopicPartitionList::new();
+        let mut stalled = Vec::new();
         let mut owned = self.consumer.context().lock();
         for p in owned.partitions.values_mut() {
             let Some(nonce) = p.tick_due(now) else {
@@ -551,7 +551,7 @@ impl MarkersLoop {
                     partition: p.id,
                     silent,
                 });
-                stalled.add_partition(&self.config.markers_topic, p.id);
+                stalled.push((p.id, p.next_offset));
             }
             let payload = encode(&Marker::Tick { nonce });
             let record = FutureRecord::<(), _>::to(&self.config.markers_topic)
@@ -568,11 +568,51 @@ impl MarkersLoop {
             p.tick_sent(now);
         }
         drop(owned);
-        // Resuming a partition that is not paused changes nothing; one that stayed paused
-        // (a pause that took effect after the resume meant to end it) would never be ready.
-        if stalled.count() > 0 {
-            if let Err(e) = self.consumer.resume(&stalled) {
-                self.metrics.emit(Problem::ResumeFailed { error: &e });
+        for (id, next) in stalled {
+            self.restart_fetch(id, next);
+        }
+    }
+
+    /// Resumes partition `id` and seeks it to where it should be fetching: after the last
+    /// marker read (`next`), else its committed offset, else its start (`auto.offset.reset`).
+    ///
+    /// Why: the partition is paused right after librdkafka assigned it (`ask_restore`), and
+    /// librdkafka can let that pause outdate the assignment's own fetch start, so the partition
+    /// never fetches, and a resume alone does not start it (librdkafka issues 2190 and 5591;
+    /// their workaround is a seek after the resume). On a partition that fetches, this is a
+    /// seek to where it already is. A failed look-up of the committed offset only resumes; the
+    /// next Tick retry tries again.
+    fn restart_fetch(&self, id: i32, next: Option<i64>) {
+        let topic = &self.config.markers_topic;
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(topic, id);
+        if let Err(e) = self.consumer.resume(&tpl) {
+            self.metrics.emit(Problem::ResumeFailed { error: &e });
+        }
+        let to = match next {
+            Some(next) => Offset::Offset(next),
+            None => match self.consumer.committed_offsets(tpl, Duration::from_secs(5)) {
+                Ok(c) => match c.find_partition(topic, id).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => Offset::Offset(o),
+                    _ => Offset::Beginning,
+                },
+                Err(error) => {
+                    tracing::warn!(partition = id, %error, "committed offset look-up failed; resumed without a seek");
+                    return;
+                }
+            },
+        };
+        match self.consumer.seek(topic, id, to, Duration::from_secs(5)) {
+            // "Erroneous state" here says the partition's fetch never started at all.
+            Err(error) => {
+                tracing::warn!(partition = id, %error, ?to, "seek of a stalled partition failed; it is tried again at the next Tick retry")
+            }
+            Ok(()) => {
+                if let (Offset::Offset(o), Some(p)) =
+                    (to, self.consumer.context().lock().partitions.get_mut(&id))
+                {
+                    p.resume = Some(ResumeCheck::at(o));
+                }
             }
         }
     }
