@@ -30,6 +30,7 @@ use crate::tracker::inspect::{SharedView, TrackerView};
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
 use crate::tracker::markers::plan;
 use crate::tracker::markers::refusal::Refusals;
+use crate::tracker::markers::restart;
 use crate::tracker::metrics::intake::{ConsumeFailed, MarkerUndecodable, Tombstone};
 use crate::tracker::metrics::progress::{CommitFinished, RestoreFailed};
 use crate::tracker::metrics::work::ProduceFailed;
@@ -573,47 +574,21 @@ impl MarkersLoop {
         }
     }
 
-    /// Resumes partition `id` and seeks it to where it should be fetching: after the last
-    /// marker read (`next`), else its committed offset, else its start (`auto.offset.reset`).
-    ///
-    /// Why: the partition is paused right after librdkafka assigned it (`ask_restore`), and
-    /// librdkafka can let that pause outdate the assignment's own fetch start, so the partition
-    /// never fetches, and a resume alone does not start it (librdkafka issues 2190 and 5591;
-    /// their workaround is a seek after the resume). On a partition that fetches, this is a
-    /// seek to where it already is. A failed look-up of the committed offset only resumes; the
-    /// next Tick retry tries again.
+    /// Resumes partition `id` and seeks it to where it should be fetching (`restart.rs`);
+    /// the records from there are checked as after any seek ([`crate::resume`]).
     fn restart_fetch(&self, id: i32, next: Option<i64>) {
-        let topic = &self.config.markers_topic;
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(topic, id);
-        if let Err(e) = self.consumer.resume(&tpl) {
-            self.metrics.emit(Problem::ResumeFailed { error: &e });
-        }
-        let to = match next {
-            Some(next) => Offset::Offset(next),
-            None => match self.consumer.committed_offsets(tpl, Duration::from_secs(5)) {
-                Ok(c) => match c.find_partition(topic, id).map(|e| e.offset()) {
-                    Some(Offset::Offset(o)) => Offset::Offset(o),
-                    _ => Offset::Beginning,
-                },
-                Err(error) => {
-                    tracing::warn!(partition = id, %error, "committed offset look-up failed; resumed without a seek");
-                    return;
-                }
-            },
-        };
-        match self.consumer.seek(topic, id, to, Duration::from_secs(5)) {
-            // "Erroneous state" here says the partition's fetch never started at all.
-            Err(error) => {
-                tracing::warn!(partition = id, %error, ?to, "seek of a stalled partition failed; it is tried again at the next Tick retry")
-            }
-            Ok(()) => {
-                if let (Offset::Offset(o), Some(p)) =
-                    (to, self.consumer.context().lock().partitions.get_mut(&id))
-                {
+        match restart::restart_fetch(&self.consumer, &self.config.markers_topic, id, next) {
+            Ok(Offset::Offset(o)) => {
+                if let Some(p) = self.consumer.context().lock().partitions.get_mut(&id) {
                     p.resume = Some(ResumeCheck::at(o));
                 }
             }
+            Ok(_) => {}
+            Err(why) => tracing::warn!(
+                partition = id,
+                why,
+                "could not restart the fetch of a stalled partition; trying again at the next Tick retry"
+            ),
         }
     }
 

@@ -5,6 +5,7 @@
 //!   rebalance callbacks land (grant and fence off partitions, ask for their snapshots).
 //! - [`partition`]: one owned markers partition: its state, clock, catch-up (the Tick) and
 //!   snapshot progress.
+//! - `restart`: resuming and re-seeking a replaying partition that reads nothing.
 //! - `refusal`: Kafka refusing the tracker its group or the markers topic, which ends a
 //!   tracker that was never ready (exit 77 from `run`).
 
@@ -12,3 +13,4 @@ pub(crate) mod consumer;
 pub mod partition;
 mod plan;
 mod refusal;
+mod restart;
