@@ -52,8 +52,9 @@ pub(crate) enum Problem<'a> {
     /// `LogAppendTime` (Tansu 0.6 does). Said once per partition and assignment.
     MarkersNotBrokerStamped { partition: i32 },
     /// A replaying partition read nothing, not even its own Tick, for this long since the Tick
-    /// was written: its Tick is written again and its fetch resumed, in case the pause for its
-    /// snapshot outlived the restore (it stays unready, and so does the tracker, until it reads).
+    /// was written: its Tick is written again, and the partition resumed and sought to where it
+    /// should fetch (`markers/restart.rs`). It stays unready, and so does the tracker, until it
+    /// reads.
     ReplayStalled { partition: i32, silent: Duration },
 }
 
@@ -154,8 +155,8 @@ impl Problem<'_> {
                 partition,
                 ?silent,
                 "replaying partition has read nothing since its Tick was written, not even the \
-                 Tick; writing it again and resuming the partition's fetch (is the markers \
-                 topic's leader reachable?)"
+                 Tick; writing it again, resuming the partition and seeking it to where it \
+                 should fetch (is the markers topic's leader reachable and readable?)"
             ),
         }
     }
