@@ -24,6 +24,8 @@ pub(crate) struct PollContext {
 pub(crate) struct Changes {
     pub(crate) assigned: Vec<(String, i32)>,
     pub(crate) revoked: Vec<(String, i32)>,
+    /// How many assignments came, empty ones included: each means the group has settled.
+    pub(crate) assignments: usize,
 }
 
 impl PollContext {
@@ -44,6 +46,9 @@ impl PollContext {
 
     fn record(&self, tpl: &rdkafka::TopicPartitionList, assigned: bool) {
         let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        if assigned {
+            changes.assignments += 1;
+        }
         let list = if assigned {
             &mut changes.assigned
         } else {

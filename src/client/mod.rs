@@ -31,6 +31,7 @@ mod config;
 mod context;
 mod delivery;
 mod error;
+mod lease;
 mod poller;
 mod retry;
 mod schedule_scan;
@@ -164,6 +165,8 @@ impl RedeliveryConsumer {
             resuming: Default::default(),
             revoked: Default::default(),
             refused_since: Default::default(),
+            leases: Default::default(),
+            settled_groups: Default::default(),
             topics: Default::default(),
             chunks: Default::default(),
         };
@@ -240,6 +243,17 @@ impl RedeliveryConsumer {
     /// once per 10 s). See [`crate::headers::checked`].
     pub fn odd_headers(&self) -> u64 {
         self.settler.odd_header_count()
+    }
+
+    /// Records this consumer polled and started but did not hand out, because a rebalance could
+    /// give their partitions to another worker (the group refused a commit, or took a partition
+    /// away while its Starts were on their way), and kept alive until the group settled. Their
+    /// partition's next owner, this consumer or another, delivers them; the tracker does not
+    /// redeliver them meanwhile, however long the rebalance lasts (up to five minutes).
+    pub fn held_through_rebalances(&self) -> u64 {
+        self.settler
+            .held_through_rebalances
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Deliveries handed out and not yet settled.

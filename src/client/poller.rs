@@ -18,6 +18,11 @@
 //! records is handed out or committed, because its next owner reads them again from the
 //! committed offset (see `without_revoked`).
 //!
+//! Records whose Starts are durable but which were not handed out for a rebalance's sake (a
+//! refused commit, a revocation) are kept alive until the group settles, so that a rebalance
+//! longer than the timeout does not have them redelivered as well as read again by their
+//! next owner (`lease.rs`).
+//!
 //! If the seek back fails, the partition is *held*: nothing of it from that record on is handed
 //! out or committed, and the seek is retried on every turn of the loop until it succeeds (or
 //! the partition is taken away, and its next owner starts from the committed offset).
@@ -53,9 +58,11 @@ use crate::marker::{
 use crate::resume::{committed_many, ResumeChecks};
 
 use super::body::{Body, Chunks};
+use super::coalesce::Op;
 use super::config::{ConsumerConfig, MarkerFormat};
 use super::context::PollContext;
 use super::delivery::Delivery;
+use super::lease::Leases;
 use super::retry::RetryPolicy;
 use super::settler::Settler;
 
@@ -90,6 +97,12 @@ pub(crate) struct Poller {
     pub(crate) revoked: RefCell<Vec<(String, i32)>>,
     /// Since when commits have been refused by a rebalance without a success in between.
     pub(crate) refused_since: std::cell::Cell<Option<Instant>>,
+    /// Records started but not handed out while a rebalance may move them, kept alive until
+    /// the group settles (`lease.rs`).
+    pub(crate) leases: RefCell<Leases>,
+    /// How many assignments have come (each means the group settled), and how many had come
+    /// when the partitions in `revoked` were taken away.
+    pub(crate) settled_groups: std::cell::Cell<(u64, Option<u64>)>,
     /// One shared name per subscribed topic, given to every record of it (see [`Topics`]).
     pub(crate) topics: Topics,
     /// The scratch buffer records' bodies are copied into, kept from batch to batch
@@ -142,6 +155,10 @@ struct InFlight {
     /// neither handed out nor committed: the partition's next owner reads them again from the
     /// committed offset, so handing them out here as well would deliver each twice.
     revoked: Vec<(String, i32)>,
+    /// How many assignments had come when `revoked` was first added to: if more have come by
+    /// the time this batch is finished, the group settled since, and the revoked records'
+    /// next owner may be reading them already.
+    revoked_at: Option<u64>,
 }
 
 impl Poller {
@@ -153,6 +170,7 @@ impl Poller {
         let max = self.config.max_unsettled;
         while !self.stop.load(Ordering::Relaxed) && !self.out.is_closed() {
             self.retry_held(&mut pipeline);
+            self.renew_leases();
             let queued: usize = pipeline.iter().map(|b| b.batch.len()).sum();
             let room = max.saturating_sub(self.settler.unsettled() + queued);
             paused = self.back_pressure(paused, &mut stalled_since, room);
@@ -227,8 +245,12 @@ impl Poller {
         // taken away (the new batch was sorted out as it was polled, see `poll_batch`).
         let revoked = std::mem::take(&mut *self.revoked.borrow_mut());
         if !revoked.is_empty() {
+            let (settled, at) = self.settled_groups.get();
+            let at = at.unwrap_or(settled);
+            self.settled_groups.set((settled, None));
             for b in pipeline.iter_mut() {
                 b.revoked.extend(revoked.iter().cloned());
+                b.revoked_at = Some(b.revoked_at.map_or(at, |a| a.min(at)));
             }
         }
         // After every poll, not only an empty one: the other partitions' records may keep
@@ -318,6 +340,19 @@ impl Poller {
     /// returns those let go, which are also kept for the batches in flight.
     fn note_rebalance(&self) -> Vec<(String, i32)> {
         let changes = self.consumer.context().take();
+        // A rebalance revokes before it assigns: a revocation taken with an assignment came
+        // before the group settled.
+        let (settled, at) = self.settled_groups.get();
+        let at = if changes.revoked.is_empty() {
+            at
+        } else {
+            Some(at.unwrap_or(settled))
+        };
+        self.settled_groups
+            .set((settled + changes.assignments as u64, at));
+        if changes.assignments > 0 {
+            self.group_settled();
+        }
         if changes.assigned.is_empty() && changes.revoked.is_empty() {
             return Vec::new();
         }
@@ -449,6 +484,7 @@ impl Poller {
             starts: Box::pin(starts),
             rewound: Vec::new(),
             revoked: Vec::new(),
+            revoked_at: None,
         }
     }
 
@@ -460,16 +496,25 @@ impl Poller {
             batch,
             rewound,
             revoked,
+            revoked_at,
             ..
         } = done;
         let (batch, durable, released) = without_revoked(batch, durable, &revoked);
-        if released > 0 {
+        if released.records > 0 {
+            // Kept alive only while the group has not settled since: after that, their next
+            // owner's Start may already have come (and a KeepAlive then only adds noise).
+            let settling = revoked_at.is_some_and(|at| at == self.settled_groups.get().0);
+            let kept_alive = if settling { released.started.len() } else { 0 };
             tracing::info!(
-                records = released,
+                records = released.records,
+                kept_alive,
                 partitions = ?revoked,
                 "records of partitions revoked while their Starts were in flight: not handed \
                  out or committed; their next owner reads them again"
             );
+            if settling {
+                self.hold_through_rebalance(released.started);
+            }
         }
         // Nothing rewound or held is the rule: then the batch is not moved again.
         let (batch, durable): (Vec<Polled>, Vec<bool>) =
@@ -514,11 +559,15 @@ impl Poller {
                 tracing::info!(
                     error = %e,
                     records = handed.len(),
-                    "commit refused by a rebalance; not handing the batch out, polling it again"
+                    "commit refused by a rebalance; not handing the batch out, polling it again \
+                     (kept alive until the group settles)"
                 );
                 for ((topic, partition), offset) in firsts {
                     self.rewind(&topic, partition, offset, later);
                 }
+                self.hold_through_rebalance(
+                    handed.into_iter().map(|p| (p.source, p.timeout)).collect(),
+                );
                 // No back-off: the next poll is what lets the rebalance finish.
                 return true;
             }
@@ -529,6 +578,9 @@ impl Poller {
             tracing::warn!(error = %e, "commit of source offsets failed");
         }
         failpoint::hit("after-commit");
+        self.leases
+            .borrow_mut()
+            .handed_out(handed.iter().map(|p| &p.source));
         // The batch goes over as one message: a send per record (and the wake-up of the
         // receiving task each can cost) showed in the profile.
         let deliveries: Vec<Delivery> = handed
@@ -626,6 +678,60 @@ impl Poller {
                 b.rewound.push((topic.clone(), partition, offset));
             }
             tracing::info!(topic, partition, offset, ours, "held partition released");
+        }
+    }
+
+    /// Writes the KeepAlives due for the records kept alive through a rebalance, and reports
+    /// those that failed.
+    fn renew_leases(&self) {
+        let mut leases = self.leases.borrow_mut();
+        if leases.is_idle() {
+            return;
+        }
+        let (failed, error) = leases.answered();
+        if let Some(error) = error {
+            tracing::warn!(
+                failed,
+                error,
+                "keep-alive of records waiting for their partitions' next owner failed; the \
+                 tracker may redeliver them too (a duplicate, never a loss)"
+            );
+        }
+        match leases.due(Instant::now()) {
+            Ok(due) => {
+                for (source, timeout_ms) in due {
+                    let answer = self.settler.queue(&source, Op::KeepAlive(timeout_ms));
+                    leases.written(answer);
+                }
+            }
+            Err(records) => tracing::warn!(
+                records,
+                limit_s = super::lease::LEASE_LIMIT.as_secs(),
+                "the group has not settled within the limit; no longer keeping alive the records \
+                 not handed out for its sake (the tracker redelivers them when they time out)"
+            ),
+        }
+    }
+
+    /// Keeps `records` alive until the group settles, and counts them.
+    fn hold_through_rebalance(&self, records: Vec<(SourceRef, Duration)>) {
+        self.settler
+            .held_through_rebalances
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        self.leases.borrow_mut().hold(records, Instant::now());
+    }
+
+    /// An assignment came: the group has settled, and the records kept alive for its sake
+    /// are left to their next owner.
+    fn group_settled(&self) {
+        let (records, held_for) = self.leases.borrow_mut().settled(Instant::now());
+        if records > 0 {
+            tracing::info!(
+                records,
+                held_for_ms = held_for.as_millis() as u64,
+                "group settled; records kept alive through the rebalance are left to their next \
+                 owner"
+            );
         }
     }
 
@@ -728,30 +834,48 @@ fn start_batches(batch: &[Polled], default: Duration) -> Vec<(Vec<usize>, Marker
         .collect()
 }
 
+/// What [`without_revoked`] took out of a batch.
+struct Released {
+    /// How many records.
+    records: usize,
+    /// Those whose Starts are durable, with their timeouts: the tracker would redeliver them.
+    started: Vec<(SourceRef, Duration)>,
+}
+
 /// Takes out of `batch` (with its per-record `durable` flags) the records of partitions
-/// revoked while it was in flight; returns what is left and how many were taken out. Nothing
+/// revoked while it was in flight; returns what is left and what was taken out. Nothing
 /// of those is committed or handed out: the partition's next owner reads them again, and its
 /// Starts take over the ones written here (the tracker keeps one delivery per record, and a
 /// second Start refreshes it). No End is written for them: an End names only the record, so
 /// one arriving after the next owner's Start would end that owner's delivery, and a crash of
-/// that owner would then lose the record. If the next owner is slower than the timeout, the
-/// tracker redelivers: a duplicate at worst.
+/// that owner would then lose the record. Those started are kept alive until the group settles
+/// instead (`lease.rs`).
 fn without_revoked(
     batch: Vec<Polled>,
     durable: Vec<bool>,
     revoked: &[(String, i32)],
-) -> (Vec<Polled>, Vec<bool>, usize) {
+) -> (Vec<Polled>, Vec<bool>, Released) {
+    let mut released = Released {
+        records: 0,
+        started: Vec::new(),
+    };
     if revoked.is_empty() {
-        return (batch, durable, 0);
+        return (batch, durable, released);
     }
-    let before = batch.len();
-    let (batch, durable): (Vec<Polled>, Vec<bool>) = batch
-        .into_iter()
-        .zip(durable)
-        .filter(|(p, _)| !in_partitions(revoked, &p.source))
-        .unzip();
-    let released = before - batch.len();
-    (batch, durable, released)
+    let mut kept = Vec::with_capacity(batch.len());
+    let mut kept_durable = Vec::with_capacity(batch.len());
+    for (p, ok) in batch.into_iter().zip(durable) {
+        if !in_partitions(revoked, &p.source) {
+            kept.push(p);
+            kept_durable.push(ok);
+            continue;
+        }
+        released.records += 1;
+        if ok {
+            released.started.push((p.source, p.timeout));
+        }
+    }
+    (kept, kept_durable, released)
 }
 
 /// Whether a failed commit means the group has moved on without this member's generation
@@ -946,9 +1070,11 @@ mod tests {
         let (kept, durable, released) = without_revoked(batch, vec![true, false, true], &revoked);
         assert_eq!(coords(&kept), [("a".into(), 1, 1), ("b".into(), 0, 2)]);
         assert_eq!(durable, [false, true], "each record keeps its own flag");
-        assert_eq!(released, 1);
+        assert_eq!(released.records, 1);
+        let started: Vec<i64> = released.started.iter().map(|(s, _)| s.offset).collect();
+        assert_eq!(started, [1], "a durable Start is kept alive");
         let (kept, _, released) = without_revoked(kept, durable, &[]);
-        assert_eq!((kept.len(), released), (2, 0));
+        assert_eq!((kept.len(), released.records), (2, 0));
     }
 
     #[test]

@@ -77,6 +77,9 @@ pub(crate) struct Settler {
     pub(crate) events: EventBus,
     /// Records polled with a `kr-*` header out of its range (clamped or ignored).
     odd_headers: AtomicU64,
+    /// Records started, not handed out for a rebalance's sake, and kept alive until the group
+    /// settled (`lease.rs`).
+    pub(crate) held_through_rebalances: AtomicU64,
     log_limit: crate::log_limit::LogLimit,
 }
 
@@ -95,6 +98,7 @@ impl Settler {
             room_waiting: AtomicBool::new(false),
             events: EventBus::default(),
             odd_headers: AtomicU64::new(0),
+            held_through_rebalances: AtomicU64::new(0),
             log_limit: Default::default(),
         }
     }
