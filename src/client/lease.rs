@@ -47,13 +47,25 @@ pub(crate) struct Leases {
     renew_at: Option<Instant>,
     /// The KeepAlives written and not yet answered.
     written: Vec<Queued>,
+    /// Failed KeepAlives not yet reported, the first one's error, and when failures were last
+    /// reported: at most once per [`REPORT_EVERY`], since a broker outage fails every round.
+    failed: (usize, Option<String>, Option<Instant>),
 }
 
+/// How often failed KeepAlives are reported at most.
+const REPORT_EVERY: Duration = Duration::from_secs(10);
+
 impl Leases {
-    /// Whether nothing is held and no KeepAlive is waiting for its answer: the poll thread's
-    /// every turn asks this, so it costs a load or two.
+    /// Whether nothing is held, no KeepAlive waits for its answer and no failure waits to be
+    /// reported: the poll thread's every turn asks this, so it costs a load or two.
     pub(crate) fn is_idle(&self) -> bool {
-        self.held.is_empty() && self.written.is_empty()
+        self.held.is_empty() && self.written.is_empty() && self.failed.0 == 0
+    }
+
+    /// Whether KeepAlives written are still unanswered: then no new round is written, so that
+    /// a broker that does not answer does not pile them up.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.written.is_empty()
     }
 
     /// How many records are held.
@@ -132,23 +144,29 @@ impl Leases {
         self.written.push(answer);
     }
 
-    /// Takes the answers that came; returns how many of them were failures, and the first
-    /// failure's error. A failed KeepAlive is not retried on its own: the next round writes
-    /// another, and at worst the tracker redelivers (a duplicate, never a loss).
-    pub(crate) fn answered(&mut self) -> (usize, Option<String>) {
-        let mut failed = 0;
-        let mut first = None;
+    /// Takes the answers that came. Returns the failures to report now, if any: how many
+    /// since the last report, and the first one's error. A failed KeepAlive is not retried on
+    /// its own: the next round writes another, and at worst the tracker redelivers (a
+    /// duplicate, never a loss).
+    pub(crate) fn answered(&mut self, now: Instant) -> Option<(usize, String)> {
+        let (failed, first, reported) = &mut self.failed;
         self.written
             .retain_mut(|answer| match answer.now_or_never() {
                 None => true,
                 Some(Ok(())) => false,
                 Some(Err(e)) => {
-                    failed += 1;
+                    *failed += 1;
                     first.get_or_insert_with(|| e.to_string());
                     false
                 }
             });
-        (failed, first)
+        let recently = reported.is_some_and(|t| now.saturating_duration_since(t) < REPORT_EVERY);
+        if *failed == 0 || recently {
+            return None;
+        }
+        *reported = Some(now);
+        let n = std::mem::take(failed);
+        first.take().map(|e| (n, e))
     }
 
     /// Half the shortest timeout held, at least [`MIN_RENEWAL`].
@@ -251,15 +269,23 @@ mod tests {
     }
 
     #[test]
-    fn failed_keep_alives_are_reported_once() {
+    fn failed_keep_alives_are_reported_at_most_every_ten_seconds() {
+        let t0 = Instant::now();
         let mut l = Leases::default();
-        l.written(Queued::Failed(Some(rdkafka::error::KafkaError::Canceled)));
-        l.written(Queued::Failed(Some(rdkafka::error::KafkaError::Canceled)));
-        let (failed, first) = l.answered();
-        assert_eq!(failed, 2);
-        assert!(first.is_some());
-        assert_eq!(l.answered(), (0, None));
+        let fail = || Queued::Failed(Some(rdkafka::error::KafkaError::Canceled));
+        l.written(fail());
+        l.written(fail());
+        assert_eq!(l.answered(t0).map(|(n, _)| n), Some(2));
         assert!(l.is_idle());
+        assert_eq!(l.answered(t0), None, "nothing new");
+        l.written(fail());
+        assert_eq!(l.answered(t0 + Duration::from_secs(1)), None, "held back");
+        l.written(fail());
+        assert_eq!(
+            l.answered(t0 + REPORT_EVERY).map(|(n, _)| n),
+            Some(2),
+            "both held back since the last report"
+        );
     }
 
     /// On librdkafka's mock cluster: a commit refused with `IllegalGeneration` while another

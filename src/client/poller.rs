@@ -688,16 +688,19 @@ impl Poller {
         if leases.is_idle() {
             return;
         }
-        let (failed, error) = leases.answered();
-        if let Some(error) = error {
+        let now = Instant::now();
+        if let Some((failed, error)) = leases.answered(now) {
             tracing::warn!(
                 failed,
                 error,
-                "keep-alive of records waiting for their partitions' next owner failed; the \
+                "keep-alives of records waiting for their partitions' next owner failed; the \
                  tracker may redeliver them too (a duplicate, never a loss)"
             );
         }
-        match leases.due(Instant::now()) {
+        if leases.waiting() {
+            return;
+        }
+        match leases.due(now) {
             Ok(due) => {
                 for (source, timeout_ms) in due {
                     let answer = self.settler.queue(&source, Op::KeepAlive(timeout_ms));
