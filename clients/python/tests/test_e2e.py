@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from conftest import (
     Topics,
     Tracker,
@@ -22,6 +22,7 @@ from conftest import (
     unique,
 )
 
+import kafka_redelivery.consumer as consumer_module
 from kafka_redelivery import (
     BeyondRetentionError,
     CancelOutcome,
@@ -117,6 +118,70 @@ def test_deliveries_kept_alive_automatically_outlast_their_timeout(
     assert c.poll(4.5) is None, "a delivery kept alive was redelivered"
     c.ack_many(held)
     assert c.poll(2.0) is None, "an acked record came back"
+    c.close()
+
+
+class RefusingCommits:
+    """The consumer's Kafka consumer, with its commits refused as a rebalance refuses a
+    member's whose generation the group moved past, while ``refusing`` is set."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.refusing = True
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        if self.refusing:
+            self.refused += 1
+            raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION))
+        return self._inner.commit(*args, **kwargs)
+
+
+def refusing_commits(c: RedeliveryConsumer) -> RefusingCommits:
+    refusing = RefusingCommits(c._consumer)
+    c._consumer = refusing  # type: ignore[assignment]
+    return refusing
+
+
+def test_a_batch_whose_commit_a_rebalance_refuses_is_kept_alive_and_polled_again(
+    topics: Topics, tracker: Tracker
+) -> None:
+    produce(topics, [f"k-{i}" for i in range(3)])
+    c = consumer(topics, timeout_s=1.0)
+    refusing = refusing_commits(c)
+    deadline = time.monotonic() + 30
+    while refusing.refused == 0:
+        assert time.monotonic() < deadline, "nothing was polled"
+        assert c.poll(0.2) is None, "a batch whose commit was refused was handed out"
+    # Not polling for three timeouts, as while a rebalance waits for a member that is stuck:
+    # without the lease the tracker would redeliver the batch meanwhile.
+    time.sleep(3.5)
+    refusing.refusing = False
+    got = take(c, 3)
+    assert sorted(key(d) for d in got) == ["k-0", "k-1", "k-2"]
+    assert all(d.attempt == 1 for d in got)
+    assert c.held_through_rebalances >= 1
+    c.ack_many(got)
+    assert c.poll(3.0) is None, "a record held back for the rebalance was redelivered"
+    c.close()
+
+
+def test_commits_refused_past_the_grace_hand_the_batch_out_uncommitted(
+    topics: Topics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(consumer_module, "REFUSED_GRACE_S", 1.0)
+    produce(topics, [f"k-{i}" for i in range(3)])
+    c = consumer(topics)
+    refusing = refusing_commits(c)
+    started = time.monotonic()
+    got = take(c, 3)
+    assert time.monotonic() - started >= 1.0, "handed out before the grace was over"
+    assert sorted(key(d) for d in got) == ["k-0", "k-1", "k-2"]
+    assert refusing.refused >= 2, "the batch was not polled again while refused"
+    c.ack_many(got)
     c.close()
 
 

@@ -7,7 +7,9 @@ For each batch ``poll`` takes from Kafka, in this order and no other:
 3. commit each source partition whose Start is durable; seek a partition whose Start failed
    back to its first record of the batch, so it is polled again (if even the seek fails, the
    consumer stops with an error rather than risk committing past it later);
-4. hand the records out as :class:`Delivery` objects.
+4. hand the records out as :class:`Delivery` objects. If a rebalance refused the commit, the
+   batch is not handed out but polled again, and kept alive until the group settles (see the
+   lease module): its partitions may go to another worker, which reads it too.
 
 So a source offset is never committed before its Start is durable, as in the Rust client. The
 markers go to the markers partition the FNV-1a rule picks, the same as every other client.
@@ -22,12 +24,13 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from . import headers as hdr
 from . import markers as m
 from .gather import SettleGatherer
 from .keepalive import KeepAlives
+from .lease import Leases
 from .resume import ResumeCheck, Step, resumed_fetching
 from .retry import RetryPolicy
 from .writer import MarkerWriter, RedeliveryError, Write, durable_producer
@@ -46,6 +49,33 @@ UNREADABLE_HEADERS = (
 
 #: How long a committed-offset look-up or a position query may take.
 LOOKUP_WAIT_S = 5.0
+
+#: How long commits refused by a rebalance make the consumer poll their batches again rather
+#: than hand them out. A rebalance normally ends within seconds; past this (a member stuck
+#: behind its group), batches are handed out uncommitted, as for any other failed commit:
+#: polling again would refresh their Starts for ever and deliver nothing.
+REFUSED_GRACE_S = 10.0
+
+#: The commit errors that mean the group moved on without this member's generation (a
+#: rebalance under way, or the member fenced or forgotten), so that its partitions may be
+#: handed to another worker, rather than that the coordinator could not be reached.
+MOVED_BY_REBALANCE = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.STALE_MEMBER_EPOCH,
+        KafkaError.FENCED_MEMBER_EPOCH,
+        KafkaError._ASSIGNMENT_LOST,
+    }
+)
+
+
+def moved_by_rebalance(e: KafkaException) -> bool:
+    """Whether a failed commit's error is one of :data:`MOVED_BY_REBALANCE`."""
+    error = e.args[0] if e.args else None
+    return isinstance(error, KafkaError) and error.code() in MOVED_BY_REBALANCE
 
 
 class Delivery:
@@ -197,6 +227,9 @@ class RedeliveryConsumer:
         self._gatherer = SettleGatherer(self._writer, marker_format)
         self.auto_keep_alive = auto_keep_alive
         self._keep_alives = KeepAlives(self._gatherer)
+        self._leases = Leases(self._keep_alives)
+        # Since when commits have been refused by a rebalance without a success in between.
+        self._refused_since: float | None = None
         # Partitions whose first record is checked against the offset they should resume at
         # (see the resume module): after an assignment, a seek of ours, a resume of fetching.
         self._resuming: dict[tuple[str, int], ResumeCheck] = {}
@@ -217,6 +250,12 @@ class RedeliveryConsumer:
         self._paused = False
         self._failed: str | None = None
         self._closed = False
+
+    @property
+    def held_through_rebalances(self) -> int:
+        """Records whose Starts were durable but which were held back, kept alive, because a
+        rebalance refused their commit (see the lease module)."""
+        return self._leases.count
 
     @property
     def unsettled(self) -> int:
@@ -288,6 +327,8 @@ class RedeliveryConsumer:
             except RedeliveryError as e:
                 log.warning("release of %s failed (%s); it times out instead", d, e)
         self._release_dropped()
+        # Leaving the group settles it: the records held back go to the next owners.
+        self._leases.group_settled()
         self._set_paused(False)
         self._consumer.close()
         self._writer.producer.flush(10)
@@ -351,6 +392,9 @@ class RedeliveryConsumer:
         """A rebalance gave us ``partitions``: each resumes at its committed offset, checked.
         One look-up for all of them; a partition with nothing committed starts where
         ``auto.offset.reset`` says, at a batch, unchecked."""
+        # Whatever it holds, the group has settled: the records held back are read again by
+        # whoever owns their partitions now.
+        self._leases.group_settled()
         for tp in partitions:
             self._resuming.pop((tp.topic, tp.partition), None)
         if self._paused:
@@ -506,11 +550,12 @@ class RedeliveryConsumer:
             commit.append(TopicPartition(topic, partition, polled[-1][0].offset() + 1))
             handed.extend(polled)
         if commit:
-            try:
-                self._consumer.commit(offsets=commit, asynchronous=False)
-            except KafkaException as e:
-                # The Starts are durable: a later owner redelivers what it polls again.
-                log.warning("commit failed: %s", e)
+            handed = self._commit(commit, handed)
+        if not handed:
+            return
+        self._leases.handed_out(
+            m.Source(p[0].topic(), p[0].partition(), p[0].offset()) for p in handed
+        )
         unreadable = [p for p in handed if p[1] is None]
         if unreadable:
             handed = [p for p in handed if p[1] is not None]
@@ -522,6 +567,73 @@ class RedeliveryConsumer:
             for d in deliveries:
                 d.auto_keep_alive()
         self._ready.extend(deliveries)
+
+    def _commit(self, offsets: list[TopicPartition], handed: list[_Polled]) -> list[_Polled]:
+        """Step 3's commit of ``offsets``; the records of ``handed`` to hand out after it: all
+        of them unless a rebalance refused the commit (see the lease module)."""
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as e:
+            if moved_by_rebalance(e):
+                return self._refused(e, handed)
+            # The Starts are durable, so handing over is still safe: at worst the batch is
+            # polled again after a rebalance and delivered twice.
+            log.warning("commit failed: %s", e)
+        self._refused_since = None
+        return handed
+
+    def _refused(self, e: KafkaException, handed: list[_Polled]) -> list[_Polled]:
+        """A rebalance refused the commit of ``handed``: the group moved on without this
+        member's generation, and the partitions may go to another worker, which reads from
+        the committed offset. Handed out here too, the batch would be delivered twice; polled
+        again instead (each partition sought back to its first record), it is delivered here
+        if the partitions stay, and there if they move. Meanwhile it is kept alive. Returns
+        what is handed out anyway: everything once refusals have lasted
+        :data:`REFUSED_GRACE_S`, and the records of a partition that could not be sought
+        back (their Starts are durable, so at worst they are delivered twice)."""
+        now = time.monotonic()
+        if self._refused_since is None:
+            self._refused_since = now
+        if now - self._refused_since >= REFUSED_GRACE_S:
+            log.warning(
+                "commits refused by a rebalance for %.0f s (%s); handing the batch out uncommitted",
+                now - self._refused_since,
+                e,
+            )
+            return handed
+        groups: dict[tuple[str, int], list[_Polled]] = {}
+        for p in handed:
+            groups.setdefault((p[0].topic(), p[0].partition()), []).append(p)
+        out: list[_Polled] = []
+        held: list[_Polled] = []
+        for (topic, partition), polled in groups.items():
+            first = polled[0][0].offset()
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, first))
+            except KafkaException as se:
+                log.warning(
+                    "%s/%s: could not seek back to %s after a refused commit (%s); handing "
+                    "its records out uncommitted",
+                    topic,
+                    partition,
+                    first,
+                    se,
+                )
+                out.extend(polled)
+                continue
+            self._resuming[(topic, partition)] = ResumeCheck(first)
+            held.extend(polled)
+        log.info(
+            "commit refused by a rebalance (%s); not handing %d records out, polling them again "
+            "(kept alive until the group settles)",
+            e,
+            len(held),
+        )
+        self._leases.hold(
+            (m.Source(msg.topic(), msg.partition(), msg.offset()), timeout)
+            for msg, _, _, timeout in held
+        )
+        return out
 
     def _starts(self, polled: list[_Polled]) -> list[m.Marker]:
         """The Start markers for one source partition's records of a batch, in offset order."""

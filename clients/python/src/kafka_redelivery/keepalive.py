@@ -33,9 +33,11 @@ MIN_EVERY_S = 0.01
 
 
 class Kept(Protocol):
-    """What the keeper needs of a delivery."""
+    """What the keeper needs of a delivery (or of a record held back, see the lease module)."""
 
-    settled: bool
+    @property
+    def settled(self) -> bool: ...
+
     timeout_ms: int
 
     @property
