@@ -39,6 +39,19 @@ pub(crate) fn start_producer() -> Vec<(&'static str, &'static str)> {
 /// memory, stay as they are; a user's own setting still wins.
 pub(crate) const FETCH_PACING: (&str, &str) = ("fetch.queue.backoff.ms", "10");
 
+/// `wait` rounded up to whole milliseconds, for a librdkafka poll. librdkafka counts a poll's
+/// timeout in milliseconds, and rust-rdkafka truncates a `Duration` to them: the rest below a
+/// millisecond is polled with a timeout of 0, which returns at once, and rdkafka's poll loop
+/// polls again until the `Duration` has passed. Every wait with a fraction of a millisecond
+/// in it so ended in a spin on the clock. The tracker's markers loop, which waits until the
+/// next deadline, spent 25–40 % of a core that way at 1,000 redeliveries a second
+/// (BENCHMARKS.md, "A spin in the markers loop"). Rounded up, the poll sleeps in librdkafka
+/// and wakes at most a millisecond later than asked.
+pub(crate) fn whole_ms(wait: std::time::Duration) -> std::time::Duration {
+    let ms = wait.as_nanos().div_ceil(1_000_000);
+    std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
 /// A librdkafka config: the brokers, then the settings the caller needs, then the user's own
 /// overrides last, so an operator can change anything this crate sets.
 pub(crate) fn client_config(
@@ -135,6 +148,22 @@ impl std::fmt::Debug for Redacted<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_round_up_to_whole_milliseconds() {
+        use std::time::Duration;
+        let ms = |w: Duration| whole_ms(w).as_millis();
+        assert_eq!(
+            ms(Duration::ZERO),
+            0,
+            "a poll that must not wait still does not"
+        );
+        assert_eq!(ms(Duration::from_micros(1)), 1);
+        assert_eq!(ms(Duration::from_micros(999)), 1);
+        assert_eq!(ms(Duration::from_millis(1)), 1);
+        assert_eq!(ms(Duration::from_micros(3_400)), 4);
+        assert_eq!(whole_ms(Duration::MAX).as_millis(), u128::from(u64::MAX));
+    }
 
     #[test]
     fn secret_values_are_never_formatted() {

@@ -352,7 +352,7 @@ impl MarkersLoop {
         let mut ticks: Vec<DeliveryFuture> = Vec::new();
         let mut next_commit = Instant::now() + self.config.commit_interval;
         while !self.stop.load(Ordering::Relaxed) && !self.refused_for_good() {
-            let wait = self.wait_time(next_commit);
+            let wait = crate::kafka::whole_ms(self.wait_time(next_commit));
             if let Some(result) = self.consumer.poll(wait) {
                 drain(
                     result,

@@ -271,7 +271,7 @@ impl SourceReader {
             if left.is_zero() {
                 return Probe::Silent;
             }
-            match self.consumer.poll(left) {
+            match self.consumer.poll(crate::kafka::whole_ms(left)) {
                 None => {}
                 Some(Ok(m)) if m.topic() != topic || m.partition() != partition => {}
                 Some(Ok(m)) if m.offset() == wanted => {
@@ -331,7 +331,7 @@ impl SourceReader {
             if left.is_zero() {
                 break;
             }
-            match self.consumer.poll(left) {
+            match self.consumer.poll(crate::kafka::whole_ms(left)) {
                 None => {}
                 Some(Ok(m)) if m.topic() != topic => {}
                 Some(Ok(m)) => {
@@ -422,7 +422,7 @@ impl SourceReader {
             if left.is_zero() {
                 return Err(ReadError::Timeout(self.timeout));
             }
-            match self.consumer.poll(left) {
+            match self.consumer.poll(crate::kafka::whole_ms(left)) {
                 None => continue,
                 Some(Ok(m)) if m.topic() != topic || m.partition() != partition => continue,
                 Some(Ok(m)) if m.offset() < wanted => continue,
