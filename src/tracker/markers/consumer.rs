@@ -371,8 +371,10 @@ impl MarkersLoop {
                 self.commit_and_publish();
                 next_commit = Instant::now() + self.config.commit_interval;
             }
-            self.send_ticks(&mut ticks);
+            // After the dispatch: a partition it found not read through to a deadline gets its
+            // Tick in this same turn.
             self.dispatch_due();
+            self.send_ticks(&mut ticks);
             self.list_read_ahead();
             if Instant::now() >= next_commit {
                 self.commit_and_publish();
@@ -544,6 +546,17 @@ impl MarkersLoop {
         let mut stalled = Vec::new();
         let mut owned = self.consumer.context().lock();
         for p in owned.partitions.values_mut() {
+            if let Some(held) = p.proof_tick_due(now) {
+                if let Some(held) = held {
+                    self.metrics.emit(Problem::RedeliveriesHeld {
+                        partition: p.id,
+                        held,
+                    });
+                }
+                // Any nonce: it only has to be read back, and no catch-up waits for it.
+                self.write_tick(p.id, random_nonce(), pending);
+                p.proof_sent(now);
+            }
             let Some(nonce) = p.tick_due(now) else {
                 continue;
             };
@@ -554,23 +567,29 @@ impl MarkersLoop {
                 });
                 stalled.push((p.id, p.next_offset));
             }
-            let payload = encode(&Marker::Tick { nonce });
-            let record = FutureRecord::<(), _>::to(&self.config.markers_topic)
-                .partition(p.id)
-                .payload(&payload);
-            match self.producer.send_result(record) {
-                Ok(f) => pending.push(f),
-                Err((e, _)) => self.metrics.emit(ProduceFailed {
-                    what: "tick",
-                    target: &self.config.markers_topic,
-                    error: &e,
-                }),
-            }
+            self.write_tick(p.id, nonce, pending);
             p.tick_sent(now);
         }
         drop(owned);
         for (id, next) in stalled {
             self.restart_fetch(id, next);
+        }
+    }
+
+    /// Writes a Tick with `nonce` to markers partition `id`; its delivery report goes to
+    /// `pending`.
+    fn write_tick(&self, id: i32, nonce: u64, pending: &mut Vec<DeliveryFuture>) {
+        let payload = encode(&Marker::Tick { nonce });
+        let record = FutureRecord::<(), _>::to(&self.config.markers_topic)
+            .partition(id)
+            .payload(&payload);
+        match self.producer.send_result(record) {
+            Ok(f) => pending.push(f),
+            Err((e, _)) => self.metrics.emit(ProduceFailed {
+                what: "tick",
+                target: &self.config.markers_topic,
+                error: &e,
+            }),
         }
     }
 

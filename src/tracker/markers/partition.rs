@@ -23,6 +23,29 @@ use crate::tracker::snapshot::store::{InFlight, Pointer};
 /// How long to wait for a Tick to come back before writing another one.
 pub const TICK_RETRY: Duration = Duration::from_secs(5);
 
+/// How far past the newest marker read a deadline may lie and still fall due without more
+/// proof that the partition was read through (see [`OwnedPartition::take_due`]). A busy
+/// partition's markers come every few milliseconds, so they stay within it; a quiet one has a
+/// Tick written when something falls due.
+pub const READ_THROUGH_SLACK_MS: i64 = 100;
+
+/// How long to wait for a read-through Tick to come back before writing another one.
+pub const PROOF_RETRY: Duration = Duration::from_secs(1);
+
+/// Redeliveries held this long for want of a read-through are reported (`redeliveries_held`).
+pub const HELD_REPORT_AFTER: Duration = Duration::from_secs(5);
+
+/// Whether a ready partition needs a Tick to show it was read through to a deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proof {
+    /// Nothing is due beyond what was read through.
+    NotNeeded,
+    /// Something is due beyond it since this instant; no Tick written yet.
+    Wanted { since: Instant },
+    /// Something is due beyond it since `since`; a Tick was last written at `sent_at`.
+    Sent { since: Instant, sent_at: Instant },
+}
+
 /// Catch-up progress of a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CatchUp {
@@ -77,6 +100,11 @@ pub struct OwnedPartition {
     /// The broker timestamp of the last record read, as it came, and when it was read: the
     /// catch-up Tick sets the clock to it.
     last_read: Option<(i64, Instant)>,
+    /// The newest timestamp a marker was applied at: every marker the broker appended before
+    /// it has been read (markers topics are `LogAppendTime`, and a partition is read in order).
+    read_through_ms: Option<i64>,
+    /// Whether a read-through Tick is needed (see [`Self::take_due`]).
+    pub proof: Proof,
     /// Whether the first marker read since assignment was checked for a broker timestamp.
     pub stamp_checked: bool,
     /// Where it resumed, until its first marker is checked ([`crate::resume`]).
@@ -120,6 +148,8 @@ impl OwnedPartition {
             snapshots: SnapshotProgress::default(),
             restore: Restore::Done,
             last_read: None,
+            read_through_ms: None,
+            proof: Proof::NotNeeded,
             stamp_checked: false,
             resume: Some(ResumeCheck::committed()),
         }
@@ -297,13 +327,77 @@ impl OwnedPartition {
 
     /// Takes the due deliveries at partition time `now_ms` (at most `limit`), marking those
     /// due before catch-up ended (see [`Expiry::due_before_takeover`]).
-    pub fn take_due(&mut self, now_ms: i64, limit: usize) -> Vec<Expiry> {
-        let mut due = self.state.expired(now_ms, limit);
+    ///
+    /// A deadline falls due only once the partition has been read through to it, less
+    /// [`READ_THROUGH_SLACK_MS`]: a marker stamped at or after it has been read, so every End
+    /// the broker appended before the deadline has been applied. Partition time runs on the
+    /// monotonic clock between markers, so without this a deadline would pass while the
+    /// partition cannot be read (its leader stopped or cut off) and the tracker would copy
+    /// records whose Ends were written in time but are stuck behind the outage: each would be
+    /// delivered twice. When something is due by the clock but not read through, `proof`
+    /// asks for a Tick; reading it back (or any later marker) lets it fall due.
+    pub fn take_due(&mut self, now_ms: i64, now: Instant, limit: usize) -> Vec<Expiry> {
+        let until = self.read_limit_ms(now_ms);
+        let mut due = self.state.expired(until, limit);
+        let beyond = self
+            .state
+            .next_deadline()
+            .is_some_and(|d| d > until && d <= now_ms);
+        self.proof = match (beyond, self.proof) {
+            (false, _) => Proof::NotNeeded,
+            (true, Proof::NotNeeded) => Proof::Wanted { since: now },
+            (true, waiting) => waiting,
+        };
         let ready_at = self.ready_at_ms.unwrap_or(i64::MAX);
         for e in &mut due {
             e.due_before_takeover = e.deadline_ms <= ready_at;
         }
         due
+    }
+
+    /// The latest deadline that may fall due at partition time `now_ms`: `now_ms`, or less if
+    /// the partition has not been read through that far (see [`Self::take_due`]).
+    pub fn read_limit_ms(&self, now_ms: i64) -> i64 {
+        self.read_through_ms
+            .map_or(i64::MIN, |r| r.saturating_add(READ_THROUGH_SLACK_MS))
+            .min(now_ms)
+    }
+
+    /// When the markers loop should wake for a deadline at `deadline_ms`: at the deadline,
+    /// or, if it has passed but the partition is not read through to it, when the
+    /// read-through Tick is to be written (again); reading a marker wakes the loop anyway.
+    pub fn wake_for(&self, deadline_ms: i64, now: Instant) -> Option<Instant> {
+        let at = self.clock.instant_of(deadline_ms)?;
+        let now_ms = self.clock.now_ms(now)?;
+        if at > now || deadline_ms <= self.read_limit_ms(now_ms) {
+            return Some(at);
+        }
+        Some(match self.proof {
+            Proof::Sent { sent_at, .. } => sent_at + PROOF_RETRY,
+            Proof::NotNeeded | Proof::Wanted { .. } => now,
+        })
+    }
+
+    /// Whether a read-through Tick should be written now; if it has been wanted for longer
+    /// than [`HELD_REPORT_AFTER`], also for how long.
+    pub fn proof_tick_due(&self, now: Instant) -> Option<Option<Duration>> {
+        let (since, due) = match self.proof {
+            Proof::NotNeeded => return None,
+            Proof::Wanted { since } => (since, true),
+            Proof::Sent { since, sent_at } => (since, now.duration_since(sent_at) >= PROOF_RETRY),
+        };
+        let held = now.saturating_duration_since(since);
+        due.then_some((held >= HELD_REPORT_AFTER).then_some(held))
+    }
+
+    /// Notes that a read-through Tick was written at `now`.
+    pub fn proof_sent(&mut self, now: Instant) {
+        if let Proof::Wanted { since } | Proof::Sent { since, .. } = self.proof {
+            self.proof = Proof::Sent {
+                since,
+                sent_at: now,
+            };
+        }
     }
 
     /// Notes that a record (marker or not) at `offset` with `timestamp_ms` was read at `at`,
@@ -320,8 +414,22 @@ impl OwnedPartition {
         self.next_offset = Some(offset + 1);
         let ts = timestamp_ms?;
         self.last_read = Some((ts, at));
+        let applied = self.applied_at(offset, ts, at, wall_ms, metrics);
+        self.read_through_ms = Some(self.read_through_ms.map_or(applied, |r| r.max(applied)));
+        Some(applied)
+    }
+
+    /// The timestamp to apply a marker stamped `ts` at (see [`Self::observe`]).
+    fn applied_at(
+        &mut self,
+        offset: i64,
+        ts: i64,
+        at: Instant,
+        wall_ms: i64,
+        metrics: &Metrics,
+    ) -> i64 {
         match self.clock.observe(ts, at, wall_ms, !self.is_ready()) {
-            Reading::Believed => Some(ts),
+            Reading::Believed => ts,
             Reading::Outlier {
                 ahead_ms,
                 apply_at_ms,
@@ -331,7 +439,7 @@ impl OwnedPartition {
                     offset,
                     ahead_ms,
                 });
-                Some(apply_at_ms)
+                apply_at_ms
             }
             Reading::Moved { from_ms } => {
                 metrics.emit(ClockMoved {
@@ -340,7 +448,7 @@ impl OwnedPartition {
                     from_ms,
                     to_ms: ts,
                 });
-                Some(ts)
+                ts
             }
         }
     }

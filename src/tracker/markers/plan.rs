@@ -34,7 +34,7 @@ pub(crate) fn due_jobs(
         let Some(now_ms) = p.clock.now_ms(now) else {
             continue;
         };
-        let expiries = p.take_due(now_ms, batch);
+        let expiries = p.take_due(now_ms, now, batch);
         if expiries.is_empty() {
             continue;
         }
@@ -89,7 +89,7 @@ pub(crate) fn wake_at(
     // `next_deadline` and `next_to_read_ahead` sweep stale heap entries, hence `mut`.
     for p in partitions.values_mut().filter(|p| p.is_ready()) {
         if worker_has_room {
-            if let Some(at) = p.state.next_deadline().and_then(|d| p.clock.instant_of(d)) {
+            if let Some(at) = p.state.next_deadline().and_then(|d| p.wake_for(d, now)) {
                 until = until.min(at);
             }
         }
@@ -230,6 +230,9 @@ pub(crate) fn committed(partitions: &mut Partitions, commits: &[Commit], ok: boo
 mod tests {
     use super::*;
     use crate::marker::{Marker, SourceRef};
+    use crate::tracker::markers::partition::{
+        Proof, HELD_REPORT_AFTER, PROOF_RETRY, READ_THROUGH_SLACK_MS,
+    };
     use crate::tracker::metrics::Metrics;
 
     const T0_MS: i64 = 1_000_000;
@@ -274,6 +277,11 @@ mod tests {
                 attempt: 1,
             };
             self.read(m, ts_ms, after)
+        }
+
+        /// Reads a Tick some other tracker, or this one's read-through, wrote at `ts_ms`.
+        fn tick(&mut self, ts_ms: i64, after: Duration) {
+            self.read(Marker::Tick { nonce: 99 }, ts_ms, after);
         }
 
         fn due(&mut self, after: Duration) -> Vec<i64> {
@@ -343,10 +351,74 @@ mod tests {
             f.t0 + Duration::from_secs(60),
             "no room in the worker: no wake-up"
         );
+        f.tick(T0_MS + 1_950, 1_950 * MS);
         assert!(f.due(1_999 * MS).is_empty());
         assert_eq!(f.due(2_000 * MS), [10]);
         assert!(f.due(3_000 * MS).is_empty(), "taken once");
         assert_eq!(f.partitions[&0].redeliveries, 1);
+    }
+
+    /// The markers partition's leader stops at 500 ms: nothing more is read from it while
+    /// the clock runs on. The worker's End, written at 1,500 ms, is appended when the leader
+    /// comes back at 4,000 ms, just before the tracker's read-through Tick.
+    #[test]
+    fn nothing_falls_due_until_the_partition_is_read_through_to_its_deadline() {
+        let mut f = Fixture::new();
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        f.start(10, 2_000, T0_MS, Duration::ZERO);
+        f.start(11, 2_000, T0_MS, Duration::ZERO);
+        f.tick(T0_MS + 500, 500 * MS);
+        assert!(
+            f.due(2_000 * MS).is_empty(),
+            "due by the clock, not read through"
+        );
+        let p = f.partitions.get_mut(&0).unwrap();
+        assert!(
+            matches!(p.proof, Proof::Wanted { .. }),
+            "a Tick is asked for"
+        );
+        let now = f.t0 + 2_000 * MS;
+        assert_eq!(
+            p.wake_for(T0_MS + 2_000, now),
+            Some(now),
+            "woken to write it"
+        );
+        assert_eq!(p.proof_tick_due(now), Some(None));
+        p.proof_sent(now);
+        assert_eq!(
+            p.wake_for(T0_MS + 2_000, now),
+            Some(now + PROOF_RETRY),
+            "then sleeps until a marker comes or the Tick is due again"
+        );
+        assert_eq!(p.proof_tick_due(now + 100 * MS), None);
+        let later = now + HELD_REPORT_AFTER;
+        assert_eq!(
+            p.proof_tick_due(later),
+            Some(Some(later - now)),
+            "written again, and reported once held long"
+        );
+        let end = Marker::End {
+            source: SourceRef::new("orders", 0, 10),
+        };
+        f.read(end, T0_MS + 4_000, 4_000 * MS);
+        f.tick(T0_MS + 4_001, 4_001 * MS);
+        assert_eq!(
+            f.due(4_001 * MS),
+            [11],
+            "the End written in time was applied first"
+        );
+        assert_eq!(f.partitions[&0].proof, Proof::NotNeeded);
+    }
+
+    #[test]
+    fn a_marker_just_before_the_deadline_is_read_through_enough() {
+        let mut f = Fixture::new();
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        f.start(10, 2_000, T0_MS, Duration::ZERO);
+        f.tick(T0_MS + 2_000 - READ_THROUGH_SLACK_MS - 1, 1_899 * MS);
+        assert!(f.due(2_000 * MS).is_empty());
+        f.tick(T0_MS + 2_000 - READ_THROUGH_SLACK_MS, 1_900 * MS);
+        assert_eq!(f.due(2_000 * MS), [10], "within the slack: no Tick needed");
     }
 
     #[test]
@@ -376,10 +448,12 @@ mod tests {
             read_ahead(&mut f.partitions, f.t0 + 1_950 * MS, window, 100).is_empty(),
             "listed once"
         );
+        f.tick(T0_MS + 1_950, 1_950 * MS);
         assert!(f.due(1_999 * MS).is_empty(), "listed, not dispatched");
         assert_eq!(f.due(2_000 * MS), [10]);
         let listed = read_ahead(&mut f.partitions, f.t0 + 2_900 * MS, window, 100);
         assert_eq!(listed, [SourceRef::new("orders", 0, 11)]);
+        f.tick(T0_MS + 2_950, 2_950 * MS);
         assert_eq!(f.due(3_000 * MS), [11]);
     }
 
@@ -405,6 +479,7 @@ mod tests {
         let mut f = Fixture::new();
         f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
         f.start(10, 1_000, T0_MS, Duration::ZERO);
+        f.tick(T0_MS + 5_000, 5_000 * MS);
         assert!(due_jobs(&mut f.partitions, f.t0 + 5_000 * MS, 0, 100).is_empty());
         assert_eq!(f.due(5_000 * MS), [10], "still there once room is made");
     }

@@ -56,11 +56,16 @@ pub(crate) enum Problem<'a> {
     /// should fetch (`markers/restart.rs`). It stays unready, and so does the tracker, until it
     /// reads.
     ReplayStalled { partition: i32, silent: Duration },
+    /// Deliveries of this partition have been due by the clock for this long, but nothing
+    /// stamped at or after their deadlines has been read from it (its leader stopped or cut
+    /// off, or the tracker's Ticks not written): they are held, since Ends written in time may
+    /// still be stuck behind the outage, and a read-through Tick is written again every second.
+    RedeliveriesHeld { partition: i32, held: Duration },
 }
 
 impl Problem<'_> {
     /// Every `kind` label, initialised at 0 so alerts see a series before the first problem.
-    pub(crate) const KINDS: [&'static str; 13] = [
+    pub(crate) const KINDS: [&'static str; 14] = [
         "pass_outlived_revocation",
         "pause_failed",
         "resume_failed",
@@ -74,6 +79,7 @@ impl Problem<'_> {
         "source_reader_error",
         "markers_not_broker_stamped",
         "replay_stalled",
+        "redeliveries_held",
     ];
 
     /// The `kind` label.
@@ -92,6 +98,7 @@ impl Problem<'_> {
             Problem::SourceReaderError { .. } => "source_reader_error",
             Problem::MarkersNotBrokerStamped { .. } => "markers_not_broker_stamped",
             Problem::ReplayStalled { .. } => "replay_stalled",
+            Problem::RedeliveriesHeld { .. } => "redeliveries_held",
         }
     }
 
@@ -158,13 +165,24 @@ impl Problem<'_> {
                  Tick; writing it again, resuming the partition and seeking it to where it \
                  should fetch (is the markers topic's leader reachable and readable?)"
             ),
+            Problem::RedeliveriesHeld { partition, held } => tracing::warn!(
+                partition,
+                ?held,
+                held_back,
+                "deliveries are due but nothing written after their deadlines has been read \
+                 from this markers partition; holding their redelivery until it is (is the \
+                 markers topic's leader reachable, and can the tracker write to it?)"
+            ),
         }
     }
 
     /// Whether one occurrence can stand for many (a broker away makes every reader report),
     /// so its log lines are limited.
     fn repeats(&self) -> bool {
-        matches!(self, Problem::SourceReaderError { .. })
+        matches!(
+            self,
+            Problem::SourceReaderError { .. } | Problem::RedeliveriesHeld { .. }
+        )
     }
 }
 

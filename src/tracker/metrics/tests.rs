@@ -47,6 +47,10 @@ fn every_problem_counts_under_its_own_kind() {
             partition: 1,
             silent: std::time::Duration::from_secs(5),
         },
+        Problem::RedeliveriesHeld {
+            partition: 1,
+            held: std::time::Duration::from_secs(5),
+        },
     ];
     let kinds: Vec<_> = problems.iter().map(Problem::kind).collect();
     for p in problems {
