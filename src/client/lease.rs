@@ -312,7 +312,11 @@ mod tests {
         let brokers = mock.bootstrap_servers();
         let config = ConsumerConfig::new(&brokers, "g", ["src"], "src.markers")
             .timeout(timeout)
-            .set("heartbeat.interval.ms", "200");
+            .set("heartbeat.interval.ms", "200")
+            // The mock coordinator waits for missing members as long as the session timeout of
+            // whoever joined last: with librdkafka's default (45 s) here, a rebalance could
+            // outlast the waits below, depending on which member joins last.
+            .set("session.timeout.ms", "6000");
         let mut first = RedeliveryConsumer::new(config).await.expect("consumer");
         // A second member, on another topic, that stops polling once it has joined: every
         // rebalance of the group waits for it until its poll interval has passed.
