@@ -32,7 +32,10 @@ pub fn throughput(
     title: &str,
     bars: &[(String, Spread)],
 ) -> Result<(), Error> {
-    let root = BitMapBackend::new(path, (900, 500)).into_drawing_area();
+    // About 110 pixels a bar, so that the longest label ("batch_floor 1024 B") stays clear
+    // of its neighbours.
+    let width = (bars.len() as u32 * 110).max(900);
+    let root = BitMapBackend::new(path, (width, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let top = bars.iter().map(|(_, s)| s.max).fold(1.0, f64::max) * 1.15;
     let n = bars.len();
