@@ -16,11 +16,29 @@ const RECORDS: usize = 20;
 /// Runs the example worker until the failpoint aborts it, then acks everything with a fresh
 /// consumer in the same group. Returns the attempts the fresh consumer saw per key.
 async fn crash_at(point: &str, worker_args: &[&str]) -> HashMap<String, Vec<u32>> {
+    crash_with(point, worker_args, None).await.0
+}
+
+/// [`crash_at`], with the tracker told the workers' group when `hold` is given
+/// (`--source-group`, holding copies for at most `hold`); the group then has committed offset 0
+/// before the worker starts, as a group that consumed before has. Also returns the tracker's
+/// `redelivery_group_holds_total` counts: held, copied after holding.
+async fn crash_with(
+    point: &str,
+    worker_args: &[&str],
+    hold: Option<Duration>,
+) -> (HashMap<String, Vec<u32>>, f64, f64) {
     let t = topics(1, 1).await;
-    let tracker = TrackerGuard::start(tracker_config(&t, 10));
+    let group = unique("workers");
+    let mut config = tracker_config(&t, 10);
+    if let Some(wait) = hold {
+        config.source_group = Some(group.clone());
+        config.source_group_wait = wait;
+        commit_offset_zero(&t.source, &group);
+    }
+    let tracker = TrackerGuard::start(config);
     tracker.wait_ready().await;
     produce_many(&t.source, 1, "c", RECORDS).await;
-    let group = unique("workers");
     let mut worker = worker_command(&t, &group)
         .args(["--timeout", "2s"])
         // The killed worker's membership must expire before the fresh consumer below gets its
@@ -67,10 +85,30 @@ async fn crash_at(point: &str, worker_args: &[&str]) -> HashMap<String, Vec<u32>
         seen.entry(key).or_default().push(d.attempt());
         d.ack().await.unwrap();
     }
+    let held = tracker.metric(r#"redelivery_group_holds_total{outcome="held"}"#);
+    let copied = tracker.metric(r#"redelivery_group_holds_total{outcome="copied_after_hold"}"#);
     tracker.stop().await;
     let duplicates: usize = seen.values().map(|a| a.len() - 1).sum();
     eprintln!("{point}: {RECORDS} records, {duplicates} delivered again after the crash");
-    seen
+    (seen, held, copied)
+}
+
+/// Commits offset 0 of `topic`'s partition 0 for `group`, outside any membership.
+fn commit_offset_zero(topic: &str, group: &str) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false");
+    for (k, v) in &Cluster::shared().settings {
+        config.set(k, v);
+    }
+    let c: BaseConsumer = config.create().unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, rdkafka::Offset::Offset(0))
+        .unwrap();
+    c.commit(&tpl, CommitMode::Sync).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,6 +128,33 @@ async fn crash_after_start_sent_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_start_durable_loses_nothing() {
     crash_at("after-start-durable", &[]).await;
+}
+
+/// With `--source-group`, the Starts of a batch its worker never committed (killed between
+/// the durable Starts and the commit) are not copied: the group's next reader, which starts
+/// at the committed offset, delivers every record again itself, once. Without the option
+/// the tracker's copies come on top (the test above allows them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_start_durable_with_the_source_group_known_delivers_each_record_once() {
+    let (seen, held, copied) =
+        crash_with("after-start-durable", &[], Some(Duration::from_secs(60))).await;
+    assert!(seen.values().all(|a| a == &vec![1]), "{seen:?}");
+    assert!(held >= 1.0, "the tracker held the due deliveries: {held}");
+    assert_eq!(copied, 0.0);
+}
+
+/// The hold is bounded: with a wait shorter than the group takes to come back (the dead
+/// worker's session lasts 6 s), the copies are made after all, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_held_for_the_source_group_is_made_once_the_wait_runs_out() {
+    let (seen, held, copied) =
+        crash_with("after-start-durable", &[], Some(Duration::from_secs(1))).await;
+    assert!(held >= 1.0, "{held}");
+    assert!(copied >= 1.0, "{copied}");
+    assert!(
+        seen.values().any(|a| a.contains(&2)),
+        "copies delivered: {seen:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,6 +94,13 @@ pub fn set_ours_settings(settings: Vec<(String, String)>) {
     let _ = OURS_SETTINGS.set(settings);
 }
 
+/// Ours' settle window, when the command line gives one (else the client's default).
+static OURS_SETTLE_WINDOW: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+pub fn set_ours_settle_window(window: Duration) {
+    let _ = OURS_SETTLE_WINDOW.set(window);
+}
+
 pub fn parse_setting(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -370,6 +377,10 @@ async fn ours(
     .max_batch(BATCH)
     .max_unsettled(UNSETTLED)
     .marker_format(OURS_FORMAT.get().copied().unwrap_or_default());
+    let config = match OURS_SETTLE_WINDOW.get() {
+        Some(&window) => config.settle_window(window),
+        None => config,
+    };
     let config = OURS_SETTINGS
         .get()
         .into_iter()

@@ -84,6 +84,10 @@ struct Args {
     /// A librdkafka setting for ours' client (repeatable), e.g. `--ours-set linger.ms=0`.
     #[arg(long, value_name = "KEY=VALUE", value_parser = consumers::parse_setting)]
     ours_set: Vec<(String, String)>,
+    /// Ours' settle window in ms (the client's `settle_window`, 1 by default): how long
+    /// settlements are gathered into one Settle marker.
+    #[arg(long)]
+    ours_settle_window_ms: Option<u64>,
     /// Records the share peer, a JVM started for each throughput run, consumes from a topic of
     /// its own before its timed part, so that its code is compiled before the clock starts as
     /// a long-running consumer's is (200,000 by default, 500 with `--quick`; 0: none).
@@ -732,6 +736,9 @@ async fn main() -> Result<(), Error> {
     consumers::set_ours_format(args.ours_format);
     consumers::set_ours_acks(args.ours_acks);
     consumers::set_ours_settings(args.ours_set.clone());
+    if let Some(ms) = args.ours_settle_window_ms {
+        consumers::set_ours_settle_window(Duration::from_millis(ms));
+    }
     kafka::set_settling(!args.quick);
     let plan = Plan::of(&args);
     if plan.runs(Part::Latency) && !plan.runs(Part::Throughput) && plan.offered.is_none() {

@@ -164,6 +164,16 @@ pub struct RunArgs {
     /// redelivery only has to produce the copy (0s: off; read when due).
     #[arg(long, env = "REDELIVERY_READ_AHEAD", default_value = "100ms", value_parser = parse_duration)]
     pub read_ahead: Duration,
+    /// The consumer group of the source topics. When set, a delivery whose deadline passes
+    /// while this group has not committed past its record is not copied: its worker stopped
+    /// before handing it out, and the group's next reader delivers it again. The copy is made
+    /// only if the group does not take it over within --source-group-wait. Needs Describe on
+    /// the group; without it every delivery is copied at its deadline.
+    #[arg(long, env = "REDELIVERY_SOURCE_GROUP", value_parser = parse_group)]
+    pub source_group: Option<String>,
+    /// Longest a copy is held back for --source-group (then made anyway: nothing is lost).
+    #[arg(long, env = "REDELIVERY_SOURCE_GROUP_WAIT", default_value = "2m", value_parser = parse_duration)]
+    pub source_group_wait: Duration,
     /// Snapshot a markers partition when a restart would replay at least this many markers
     /// (0: never; a restart then replays from the oldest item in flight).
     #[arg(
@@ -254,6 +264,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration like 30s or 5m: {e}"))
 }
 
+/// A consumer group name: anything but empty or blank (Kafka refuses those).
+fn parse_group(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        Err("a group name cannot be empty".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
 fn parse_fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
@@ -270,6 +289,12 @@ mod tests {
         assert_eq!(parse_key_value("a=b=c"), Ok(("a".into(), "b=c".into())));
         assert!(parse_key_value("novalue").is_err());
         assert!(parse_key_value("=x").is_err());
+    }
+
+    #[test]
+    fn a_source_group_is_not_blank() {
+        assert_eq!(parse_group("workers"), Ok("workers".into()));
+        assert!(parse_group(" ").is_err());
     }
 
     #[test]

@@ -145,6 +145,8 @@ async fn run(args: RunArgs) -> ExitCode {
         dlq_topic: args.kafka.dlq_topic.clone(),
         commit_interval: args.commit_interval,
         read_ahead: args.read_ahead,
+        source_group: args.source_group.clone(),
+        source_group_wait: args.source_group_wait,
         snapshots_topic: Some(args.kafka.snapshots_topic()),
         snapshot_after_markers: args.snapshot_after_markers,
         snapshot_min_interval: args.snapshot_interval,

@@ -30,6 +30,14 @@ pub struct TrackerConfig {
     pub snapshot_after_markers: u64,
     /// Least time between two snapshots of one partition.
     pub snapshot_min_interval: Duration,
+    /// The consumer group of the source topics, if the tracker should hold back the copy of a
+    /// record that group has not committed past: its worker stopped before handing it out,
+    /// and the group's next reader delivers it again anyway (`core/group_hold.rs`). `None`
+    /// (the default) copies every due delivery at its deadline.
+    pub source_group: Option<String>,
+    /// Longest a copy is held back for `source_group`, from its deadline; then it is made
+    /// anyway, so a group that never comes back still gets its records.
+    pub source_group_wait: Duration,
     /// Extra librdkafka settings (`-X key=value`), applied to every client the tracker makes.
     pub rdkafka: Vec<(String, String)>,
 }
@@ -50,6 +58,8 @@ impl TrackerConfig {
             commit_interval: Duration::from_secs(1),
             expiry_batch: 1_000,
             read_ahead: Duration::from_millis(100),
+            source_group: None,
+            source_group_wait: Duration::from_secs(120),
             rdkafka: Vec::new(),
         }
     }
@@ -80,6 +90,8 @@ impl std::fmt::Debug for TrackerConfig {
             .field("snapshots_topic", &self.snapshots_topic)
             .field("snapshot_after_markers", &self.snapshot_after_markers)
             .field("snapshot_min_interval", &self.snapshot_min_interval)
+            .field("source_group", &self.source_group)
+            .field("source_group_wait", &self.source_group_wait)
             .field("rdkafka", &crate::kafka::Redacted(&self.rdkafka))
             .finish()
     }

@@ -15,6 +15,7 @@ use crate::tracker::core::fence::Fence;
 use crate::tracker::error::TrackerError;
 use crate::tracker::inspect::SharedView;
 use crate::tracker::markers::consumer::{Ended, MarkersLoop, TrackerContext, MAX_QUEUED_JOBS};
+use crate::tracker::markers::group_offsets::GroupOffsets;
 use crate::tracker::memory;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::readiness::Readiness;
@@ -164,6 +165,10 @@ impl Tracker {
             fence,
             read_ahead,
         )?;
+        let group_offsets = match &self.config.source_group {
+            Some(group) => Some(GroupOffsets::start(&self.config, group)?),
+            None => None,
+        };
         let worker_queued = queued.clone();
         let worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;
         let markers = MarkersLoop {
@@ -178,6 +183,7 @@ impl Tracker {
             view: self.view.clone(),
             stop: stop_consumer.clone(),
             refusals: Default::default(),
+            group_offsets,
         };
         let consumer = spawn_thread("markers", move || markers.run()).inspect_err(|_| {
             // The worker is already running; without its consumer nobody would stop it.

@@ -210,6 +210,11 @@ impl<'a> Fleet<'a> {
             .cluster
             .tracker_command(self.topics, &self.tracker_group, 30);
         c.args(FAST_GROUP);
+        // `FAULTS_SOURCE_GROUP=1`: the trackers hold back copies of records the workers'
+        // group has not committed past (`--source-group`; RELIABILITY.md).
+        if std::env::var("FAULTS_SOURCE_GROUP").is_ok_and(|v| v == "1") {
+            c.args(["--source-group", &self.worker_group]);
+        }
         self.placed(true, i, c)
             .stdout(Stdio::null())
             .stderr(Stdio::from(log_file("fault-tracker")))

@@ -8,11 +8,13 @@
 //! - [`copy`]: the headers of that copy.
 //! - `fence`: which markers partitions this tracker still owns, as the redelivery worker sees
 //!   it.
+//! - `group_hold`: holding back the copy of a record the source group will read again.
 //! - `interner`: topic names as small numbers, for the state's 32-byte slots.
 
 pub mod action;
 pub mod clock;
 pub mod copy;
 pub(crate) mod fence;
+pub(crate) mod group_hold;
 pub(crate) mod interner;
 pub mod state;

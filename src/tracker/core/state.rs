@@ -610,6 +610,27 @@ impl PartitionState {
         out
     }
 
+    /// Takes back the delivery of `source`, just taken by [`Self::expired`] and not acted on,
+    /// and makes it due again at `until_ms`, as a KeepAlive would: the tracker holds back a
+    /// copy that the source group makes unnecessary (`core/group_hold.rs`). A new Start for
+    /// the record then refreshes it and an End ends it, as for any delivery in flight.
+    /// Anything not just taken is left alone; returns whether it was held.
+    pub fn hold(&mut self, source: &SourceRef, until_ms: i64) -> bool {
+        let Some(i) = self.key(source).and_then(|k| self.find_promoting(&k)) else {
+            return false;
+        };
+        let slot = &mut self.slots[i as usize];
+        if slot.meta.phase() != Phase::Dispatched {
+            return false;
+        }
+        slot.deadline_ms = until_ms;
+        slot.meta = slot.meta.with(slot.meta.attempt(), Phase::Waiting);
+        // Announced already: its record was read ahead once, and reading it again at every
+        // look would only repeat that while nothing is copied.
+        self.deadlines.push_announced((until_ms, i));
+        true
+    }
+
     /// Dispatches up to `limit` waiting records of group `id` due at `deadline` into `out`;
     /// true if some still wait.
     fn expire_group(

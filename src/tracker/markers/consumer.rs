@@ -21,19 +21,21 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::marker::{decode, encode, Marker};
+use crate::marker::{decode, encode, Marker, SourceRef};
 
 use crate::resume::{ResumeCheck, Verdict};
 use crate::tracker::config::TrackerConfig;
 use crate::tracker::core::fence::Fence;
+use crate::tracker::core::group_hold::{Committed, HoldPolicy};
 use crate::tracker::inspect::{SharedView, TrackerView};
+use crate::tracker::markers::group_offsets::GroupOffsets;
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
 use crate::tracker::markers::plan;
 use crate::tracker::markers::refusal::Refusals;
 use crate::tracker::markers::restart;
 use crate::tracker::metrics::intake::{ConsumeFailed, MarkerUndecodable, Tombstone};
 use crate::tracker::metrics::progress::{CommitFinished, RestoreFailed};
-use crate::tracker::metrics::work::ProduceFailed;
+use crate::tracker::metrics::work::{HeldForGroup, ProduceFailed};
 use crate::tracker::metrics::Metrics;
 use crate::tracker::metrics::Problem;
 use crate::tracker::redeliver::read_ahead::Hints;
@@ -333,6 +335,8 @@ pub(crate) struct MarkersLoop {
     pub(crate) stop: Arc<AtomicBool>,
     /// Kafka refusing the tracker its group or the markers topic (`refusal.rs`).
     pub(crate) refusals: RefCell<Refusals>,
+    /// The source group's committed offsets, with `--source-group` (`group_offsets.rs`).
+    pub(crate) group_offsets: Option<GroupOffsets>,
 }
 
 /// How the poll loop ended.
@@ -613,16 +617,34 @@ impl MarkersLoop {
 
     fn dispatch_due(&self) {
         let room = MAX_QUEUED_JOBS.saturating_sub(self.queued.load(Ordering::Relaxed));
-        let jobs = {
+        let committed = |s: &SourceRef| {
+            self.group_offsets
+                .as_ref()
+                .map_or(Committed::Nothing, |g| g.committed(s))
+        };
+        let check = self.group_offsets.as_ref().map(|_| plan::GroupCheck {
+            policy: HoldPolicy::waiting(
+                i64::try_from(self.config.source_group_wait.as_millis()).unwrap_or(i64::MAX),
+            ),
+            committed: &committed,
+        });
+        let due = {
             let mut owned = self.consumer.context().lock();
             plan::due_jobs(
                 &mut owned.partitions,
                 Instant::now(),
                 room,
                 self.config.expiry_batch,
+                check.as_ref(),
             )
         };
-        for job in jobs {
+        if due.held > 0 || due.copied_after_hold > 0 {
+            self.metrics.emit(HeldForGroup {
+                held: due.held,
+                copied_after_hold: due.copied_after_hold,
+            });
+        }
+        for job in due.jobs {
             self.queued.fetch_add(1, Ordering::Relaxed);
             if self.jobs.send(job).is_err() {
                 self.metrics.emit(Problem::WorkerGone);

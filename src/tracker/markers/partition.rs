@@ -16,6 +16,7 @@ use crate::tracker::metrics::intake::{
 use crate::tracker::metrics::progress::Cancelled;
 
 use crate::tracker::core::clock::{PartitionClock, Reading};
+use crate::tracker::core::group_hold::Holds;
 use crate::tracker::core::state::{Applied, Expiry, PartitionState};
 use crate::tracker::metrics::Metrics;
 use crate::tracker::snapshot::store::{InFlight, Pointer};
@@ -88,6 +89,8 @@ pub struct OwnedPartition {
     pub committed: Option<i64>,
     /// Deliveries handed to the redelivery worker since this partition was assigned.
     pub redeliveries: u64,
+    /// Deliveries held back for the source group (`core/group_hold.rs`), with since when.
+    pub holds: Holds,
     /// The generation of this grant of the partition (see `fence`); its jobs carry it.
     pub generation: u64,
     /// Broker time of the Tick that ended catch-up. Anything due before it may have been
@@ -143,6 +146,7 @@ impl OwnedPartition {
             },
             committed: None,
             redeliveries: 0,
+            holds: Holds::default(),
             generation: 0,
             ready_at_ms: None,
             snapshots: SnapshotProgress::default(),

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::marker::SourceRef;
+use crate::tracker::core::group_hold::{Committed, HoldPolicy, Verdict};
 use crate::tracker::inspect::PartitionView;
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
 use crate::tracker::redeliver::worker::Job;
@@ -17,29 +18,65 @@ use crate::tracker::redeliver::worker::Job;
 /// The owned partitions, by number.
 pub(crate) type Partitions = BTreeMap<i32, OwnedPartition>;
 
+/// Holding back copies for the source group (`core/group_hold.rs`): the policy, and what is
+/// known of the group's committed offset of a record's partition.
+pub(crate) struct GroupCheck<'a> {
+    pub policy: HoldPolicy,
+    pub committed: &'a dyn Fn(&SourceRef) -> Committed,
+}
+
+/// What [`due_jobs`] found.
+#[derive(Default)]
+pub(crate) struct Due {
+    /// The work for the redelivery worker.
+    pub jobs: Vec<Job>,
+    /// Deliveries held back for the first time (their group has not committed past them).
+    pub held: u64,
+    /// Deliveries copied after being held: the wait ran out or there was nothing to wait for.
+    pub copied_after_hold: u64,
+}
+
 /// The due deliveries of ready partitions at local instant `now`, as at most `room` jobs of
 /// at most `batch` deliveries each. A partition still replaying gives none: its state may be
-/// incomplete until its own Tick comes back.
+/// incomplete until its own Tick comes back. With a `group` check, a due delivery whose
+/// record the source group will read again is held instead (made due again later).
 pub(crate) fn due_jobs(
     partitions: &mut Partitions,
     now: Instant,
     room: usize,
     batch: usize,
-) -> Vec<Job> {
-    let mut jobs = Vec::new();
+    group: Option<&GroupCheck<'_>>,
+) -> Due {
+    let mut due = Due::default();
     for p in partitions.values_mut().filter(|p| p.is_ready()) {
-        if jobs.len() >= room {
+        if due.jobs.len() >= room {
             break;
         }
         let Some(now_ms) = p.clock.now_ms(now) else {
             continue;
         };
-        let expiries = p.take_due(now_ms, now, batch);
+        let mut expiries = p.take_due(now_ms, now, batch);
+        if let Some(check) = group {
+            expiries.retain(|e| {
+                let committed = (check.committed)(&e.source);
+                match p.holds.decide(e, committed, now_ms, &check.policy) {
+                    Verdict::Hold { until_ms, first } => {
+                        let held = p.state.hold(&e.source, until_ms);
+                        due.held += u64::from(held && first);
+                        !held
+                    }
+                    Verdict::Copy { after_hold } => {
+                        due.copied_after_hold += u64::from(after_hold);
+                        true
+                    }
+                }
+            });
+        }
         if expiries.is_empty() {
             continue;
         }
         p.redeliveries += expiries.len() as u64;
-        jobs.push(Job {
+        due.jobs.push(Job {
             markers_partition: p.id,
             generation: p.generation,
             expiries,
@@ -47,7 +84,7 @@ pub(crate) fn due_jobs(
             taken_at: now,
         });
     }
-    jobs
+    due
 }
 
 /// The records of ready partitions' deliveries due within `window` of `now` that were not
@@ -285,7 +322,8 @@ mod tests {
         }
 
         fn due(&mut self, after: Duration) -> Vec<i64> {
-            due_jobs(&mut self.partitions, self.t0 + after, 16, 100)
+            due_jobs(&mut self.partitions, self.t0 + after, 16, 100, None)
+                .jobs
                 .iter()
                 .flat_map(|j| j.expiries.iter().map(|e| e.source.offset))
                 .collect()
@@ -355,6 +393,47 @@ mod tests {
         assert!(f.due(1_999 * MS).is_empty());
         assert_eq!(f.due(2_000 * MS), [10]);
         assert!(f.due(3_000 * MS).is_empty(), "taken once");
+        assert_eq!(f.partitions[&0].redeliveries, 1);
+    }
+
+    #[test]
+    fn a_delivery_its_group_has_not_committed_past_is_held_until_it_has() {
+        let mut f = Fixture::new();
+        f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
+        f.start(10, 2_000, T0_MS, Duration::ZERO);
+        let next = std::cell::Cell::new(10);
+        let lookup = |s: &SourceRef| {
+            assert_eq!((s.topic.as_ref(), s.partition, s.offset), ("orders", 0, 10));
+            Committed::At(next.get())
+        };
+        let check = GroupCheck {
+            policy: HoldPolicy::waiting(60_000),
+            committed: &lookup,
+        };
+        let due_at = |f: &mut Fixture, ms: u32| {
+            f.tick(T0_MS + ms as i64 - 50, MS * (ms - 50));
+            due_jobs(&mut f.partitions, f.t0 + MS * ms, 16, 100, Some(&check))
+        };
+        // The group's next offset is the record itself: nobody was handed it. Held.
+        let due = due_at(&mut f, 2_000);
+        assert!(due.jobs.is_empty());
+        assert_eq!((due.held, due.copied_after_hold), (1, 0));
+        let p = &mut f.partitions;
+        let wake = wake_at(p, f.t0, f.t0 + 60_000 * MS, 60_000 * MS, true, None);
+        assert_eq!(wake, f.t0 + 3_000 * MS, "looked at again a second later");
+        let due = due_at(&mut f, 3_000);
+        assert!(due.jobs.is_empty());
+        assert_eq!(due.held, 0, "counted once");
+        // Committed past it: copied.
+        next.set(11);
+        let due = due_at(&mut f, 4_000);
+        let offsets: Vec<i64> = due
+            .jobs
+            .iter()
+            .flat_map(|j| j.expiries.iter().map(|e| e.source.offset))
+            .collect();
+        assert_eq!(offsets, [10]);
+        assert_eq!(due.copied_after_hold, 1);
         assert_eq!(f.partitions[&0].redeliveries, 1);
     }
 
@@ -480,7 +559,9 @@ mod tests {
         f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
         f.start(10, 1_000, T0_MS, Duration::ZERO);
         f.tick(T0_MS + 5_000, 5_000 * MS);
-        assert!(due_jobs(&mut f.partitions, f.t0 + 5_000 * MS, 0, 100).is_empty());
+        assert!(due_jobs(&mut f.partitions, f.t0 + 5_000 * MS, 0, 100, None)
+            .jobs
+            .is_empty());
         assert_eq!(f.due(5_000 * MS), [10], "still there once room is made");
     }
 

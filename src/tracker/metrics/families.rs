@@ -24,6 +24,7 @@ pub(super) struct Intake {
 #[derive(Clone)]
 pub(super) struct Work {
     pub(super) redelivered: IntCounterVec,
+    pub(super) group_holds: IntCounterVec,
     pub(super) dead_lettered: IntCounterVec,
     pub(super) deadline_lag: Histogram,
     pub(super) fenced: IntCounterVec,
@@ -146,12 +147,26 @@ impl Work {
             1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
         ]);
         let topic_and = |name, help, label| counters(r, name, help, &["topic", label]);
+        let group_holds = counters(
+            r,
+            "redelivery_group_holds_total",
+            "Due deliveries held back because the source group (--source-group) had not \
+             committed past their record and reads it again itself (outcome=held, once per \
+             delivery), and those copied after all (outcome=copied_after_hold)",
+            &["outcome"],
+        );
+        // Both series from the start, at zero: a rate over them is 0, not "no data", on a
+        // tracker that holds nothing (or runs without the option).
+        for outcome in ["held", "copied_after_hold"] {
+            group_holds.with_label_values(&[outcome]);
+        }
         Work {
             redelivered: topic_and(
                 "redelivery_redelivered_total",
                 "Copies produced to their source topic, by cause (timeout, nacked)",
                 "cause",
             ),
+            group_holds,
             dead_lettered: topic_and(
                 "redelivery_dead_lettered_total",
                 "Copies produced to a dead-letter topic, by reason",

@@ -1,7 +1,7 @@
 //! Each event moves its counter, and the known label sets exist at zero before any event.
 
 use super::intake::{MarkerUndecodable, Tombstone};
-use super::work::{DeliveryParked, ProduceFailed};
+use super::work::{DeliveryParked, HeldForGroup, ProduceFailed};
 use super::*;
 use crate::marker::SourceRef;
 
@@ -112,4 +112,17 @@ fn a_parked_delivery_is_counted() {
         retry_in: std::time::Duration::from_secs(1),
     });
     assert_eq!(series(&m, "redelivery_parks_total"), 1.0);
+}
+
+#[test]
+fn holds_for_the_source_group_are_counted_from_zero() {
+    let m = Metrics::new();
+    let held = "redelivery_group_holds_total{outcome=\"held\"}";
+    let copied = "redelivery_group_holds_total{outcome=\"copied_after_hold\"}";
+    assert_eq!((series(&m, held), series(&m, copied)), (0.0, 0.0));
+    m.emit(HeldForGroup {
+        held: 3,
+        copied_after_hold: 1,
+    });
+    assert_eq!((series(&m, held), series(&m, copied)), (3.0, 1.0));
 }

@@ -32,6 +32,36 @@ impl Emit for Redelivered<'_> {
     }
 }
 
+/// Due deliveries held back for the source group (`--source-group`): `held` for the first
+/// time, since the group had not committed past their records; `copied_after_hold` copied
+/// after all, the wait over or nothing left to wait for.
+pub(crate) struct HeldForGroup {
+    pub held: u64,
+    pub copied_after_hold: u64,
+}
+
+impl Emit for HeldForGroup {
+    fn emit(self, m: &Metrics) {
+        let HeldForGroup {
+            held,
+            copied_after_hold,
+        } = self;
+        if copied_after_hold > 0 {
+            // Rare (a group that did not come back in time), and worth a line each pass.
+            tracing::info!(
+                copied_after_hold,
+                "copies made after holding them for the source group: it did not read the records again in time"
+            );
+        }
+        tracing::debug!(held, "held back for the source group");
+        let holds = &m.work.group_holds;
+        holds.with_label_values(&["held"]).inc_by(held);
+        holds
+            .with_label_values(&["copied_after_hold"])
+            .inc_by(copied_after_hold);
+    }
+}
+
 /// A copy reached a dead-letter topic.
 pub(crate) struct DeadLettered<'a> {
     pub source: &'a SourceRef,

@@ -28,6 +28,12 @@ impl Deadlines {
         self.main.push(Reverse(entry));
     }
 
+    /// Adds an entry as already announced: its record is not listed for reading ahead again
+    /// (a delivery the tracker holds back and looks at again, `PartitionState::hold`).
+    pub(super) fn push_announced(&mut self, entry: Entry) {
+        self.announced.push(Reverse(entry));
+    }
+
     /// The soonest entry of both heaps.
     pub(super) fn peek(&self) -> Option<Entry> {
         match (self.main.peek(), self.announced.peek()) {

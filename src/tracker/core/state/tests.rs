@@ -756,3 +756,40 @@ fn a_batch_started_again_refreshes_its_records_one_by_one() {
         "the first Start still holds"
     );
 }
+
+#[test]
+fn a_held_delivery_falls_due_again_and_a_new_start_takes_it_over() {
+    let mut s = PartitionState::new();
+    s.on_marker(0, 0, &start(1, 100, 1));
+    s.on_marker(1, 0, &batch_start(10..13, 100));
+    let due: Vec<i64> = s
+        .expired(100, 10)
+        .into_iter()
+        .map(|e| e.source.offset)
+        .collect();
+    assert_eq!(due, vec![1, 10, 11, 12]);
+    // Held: a slot's delivery and one record of a batch Start.
+    assert!(s.hold(&src(1), 1_100));
+    assert!(s.hold(&src(11), 1_100));
+    assert!(!s.hold(&src(11), 1_200), "only what was just taken");
+    assert!(!s.hold(&src(99), 1_100), "nothing to hold");
+    assert_eq!(s.next_deadline(), Some(1_100));
+    assert!(
+        s.read_ahead(2_000, 10).is_empty(),
+        "a held record is not read ahead again"
+    );
+    assert!(s.expired(1_099, 10).is_empty());
+    // The next owner re-reads record 1: its Start refreshes the held delivery (a dispatched
+    // one would have called it late) and its End ends it.
+    assert_eq!(s.on_marker(2, 600, &start(1, 100, 1)), Applied::Restarted);
+    assert_eq!(
+        s.on_marker(3, 650, &Marker::End { source: src(1) }),
+        Applied::Ended
+    );
+    // Record 11 nobody took over: due again, with its attempt.
+    let again = s.expired(1_100, 10);
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].source.offset, again[0].attempt), (11, 1));
+    assert_eq!(again[0].cause, Cause::Timeout);
+    assert_eq!(s.in_flight(), 3, "10 and 12 (dispatched) and 11");
+}

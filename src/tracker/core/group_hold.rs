@@ -1,0 +1,269 @@
+//! Holding back the copy of a record that its consumer group will read again anyway.
+//!
+//! The client commits a batch's source offsets before it hands the batch out (the protocol's
+//! step 3 before step 4). So when a delivery's deadline passes while the source group's
+//! committed offset of that partition is still at or before the record, no application was
+//! given that delivery: its worker stopped between the durable Start and the commit (killed,
+//! crashed, or cut off), and whoever takes the partition next reads the record again from the
+//! committed offset and writes a new Start for it. A copy made now is delivered as well: in the
+//! long fault runs this was the largest class of duplicates (RELIABILITY.md).
+//!
+//! With `--source-group` the tracker holds such a delivery instead of copying it: its deadline
+//! moves `recheck` ahead, as a KeepAlive would move it, and the next owner's Start (and then its
+//! End) takes the delivery over. The hold is bounded by `wait`, counted from the first hold:
+//! a group that never comes back (every worker gone, its offsets deleted) still has its records
+//! copied, at worst `wait` later than without the option, so nothing is lost. A partition the
+//! group has no committed offset for (its next reader starts wherever its `auto.offset.reset`
+//! says, perhaps after the record), an offset the tracker could not fetch, and every expiry
+//! that is not a timeout (a nack, a reject: those were handed out) are copied as before.
+//!
+//! One exception to "never handed out": a commit that failed for a reason other than a
+//! rebalance, after which the client hands the batch out anyway (its Starts are durable). A
+//! record held by mistake so is copied once a later commit of its worker passes it, or when
+//! the wait runs out: later than without the option, never lost.
+//!
+//! Holds live in memory only: after a tracker restart a held delivery falls due again at once
+//! and is held anew, with its wait counted afresh.
+
+use std::collections::HashMap;
+
+use crate::marker::SourceRef;
+
+use super::state::{Cause, Expiry};
+
+/// What the tracker knows of the source group's committed offset of one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Committed {
+    /// Not known yet: asked for, the answer pending.
+    Unknown,
+    /// The group has no committed offset there, or asking failed: nothing to wait for.
+    Nothing,
+    /// The group's committed offset: the next offset it reads.
+    At(i64),
+}
+
+/// How long deliveries are held, in partition-time milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HoldPolicy {
+    /// Longest a delivery is held, from its first hold.
+    pub wait_ms: i64,
+    /// How far each hold moves the deadline: when the committed offset is looked at again.
+    pub recheck_ms: i64,
+    /// Longest a delivery is held while its partition's committed offset is still unknown.
+    pub unknown_ms: i64,
+}
+
+impl HoldPolicy {
+    /// A policy holding for at most `wait_ms`, looking again every second and waiting at most
+    /// five seconds for a first answer.
+    pub(crate) fn waiting(wait_ms: i64) -> Self {
+        HoldPolicy {
+            wait_ms,
+            recheck_ms: 1_000,
+            unknown_ms: 5_000,
+        }
+    }
+}
+
+/// What to do with one due delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Hold it: make it due again at `until_ms`. `first` is its first hold.
+    Hold { until_ms: i64, first: bool },
+    /// Copy it now; `after_hold` says it was held before (the wait ran out, or the group no
+    /// longer has an offset to wait for).
+    Copy { after_hold: bool },
+}
+
+/// The deliveries of one markers partition held so far, with when each was first held.
+#[derive(Debug, Default)]
+pub(crate) struct Holds {
+    since: HashMap<SourceRef, i64>,
+    last_forget_ms: i64,
+}
+
+impl Holds {
+    /// Decides for `expiry`, due at partition time `now_ms`, given what is known of its
+    /// partition's committed offset.
+    pub(crate) fn decide(
+        &mut self,
+        expiry: &Expiry,
+        committed: Committed,
+        now_ms: i64,
+        policy: &HoldPolicy,
+    ) -> Verdict {
+        self.forget_old(now_ms, policy);
+        let first_held = self.since.get(&expiry.source).copied();
+        let held_for = first_held.map_or(0, |t| now_ms.saturating_sub(t));
+        let hold = matches!(expiry.cause, Cause::Timeout)
+            && match committed {
+                Committed::At(next) => next <= expiry.source.offset && held_for < policy.wait_ms,
+                Committed::Unknown => held_for < policy.unknown_ms.min(policy.wait_ms),
+                Committed::Nothing => false,
+            };
+        if hold {
+            self.since.entry(expiry.source.clone()).or_insert(now_ms);
+            Verdict::Hold {
+                until_ms: now_ms.saturating_add(policy.recheck_ms.max(1)),
+                first: first_held.is_none(),
+            }
+        } else {
+            Verdict::Copy {
+                after_hold: self.since.remove(&expiry.source).is_some(),
+            }
+        }
+    }
+
+    /// How many deliveries are remembered as held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.since.len()
+    }
+
+    /// Forgets, at most once a second, holds older than the wait and a few rechecks: their
+    /// deliveries were taken over by a new Start, ended, or copied in another pass.
+    fn forget_old(&mut self, now_ms: i64, policy: &HoldPolicy) {
+        if self.since.is_empty() || now_ms.saturating_sub(self.last_forget_ms) < 1_000 {
+            return;
+        }
+        self.last_forget_ms = now_ms;
+        let keep = policy
+            .wait_ms
+            .saturating_add(policy.recheck_ms.saturating_mul(4));
+        self.since
+            .retain(|_, first| now_ms.saturating_sub(*first) <= keep);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLICY: HoldPolicy = HoldPolicy {
+        wait_ms: 10_000,
+        recheck_ms: 1_000,
+        unknown_ms: 3_000,
+    };
+
+    fn due(offset: i64, cause: Cause) -> Expiry {
+        Expiry {
+            source: SourceRef::new("orders", 0, offset),
+            attempt: 1,
+            cause,
+            deadline_ms: 0,
+            due_before_takeover: false,
+        }
+    }
+
+    #[test]
+    fn a_record_the_group_has_not_committed_past_is_held_until_the_wait_runs_out() {
+        let mut holds = Holds::default();
+        let e = due(5, Cause::Timeout);
+        // Committed offset 5 is the next to read: record 5 was never handed out.
+        assert_eq!(
+            holds.decide(&e, Committed::At(5), 100, &POLICY),
+            Verdict::Hold {
+                until_ms: 1_100,
+                first: true
+            }
+        );
+        assert_eq!(
+            holds.decide(&e, Committed::At(3), 1_100, &POLICY),
+            Verdict::Hold {
+                until_ms: 2_100,
+                first: false
+            }
+        );
+        assert_eq!(
+            holds.decide(&e, Committed::At(5), 10_099, &POLICY),
+            Verdict::Hold {
+                until_ms: 11_099,
+                first: false
+            }
+        );
+        // Ten seconds after the first hold: copied, nothing lost.
+        assert_eq!(
+            holds.decide(&e, Committed::At(5), 10_100, &POLICY),
+            Verdict::Copy { after_hold: true }
+        );
+        assert_eq!(holds.len(), 0);
+    }
+
+    #[test]
+    fn a_record_the_group_committed_past_is_copied_at_once() {
+        let mut holds = Holds::default();
+        // Committed 6: record 5 was committed, so it was handed out (or is about to be).
+        assert_eq!(
+            holds.decide(&due(5, Cause::Timeout), Committed::At(6), 0, &POLICY),
+            Verdict::Copy { after_hold: false }
+        );
+    }
+
+    #[test]
+    fn a_held_record_is_copied_once_the_group_commits_past_it() {
+        let mut holds = Holds::default();
+        let e = due(5, Cause::Timeout);
+        assert!(matches!(
+            holds.decide(&e, Committed::At(0), 0, &POLICY),
+            Verdict::Hold { .. }
+        ));
+        assert_eq!(
+            holds.decide(&e, Committed::At(9), 1_000, &POLICY),
+            Verdict::Copy { after_hold: true }
+        );
+    }
+
+    #[test]
+    fn no_committed_offset_or_a_failed_fetch_means_no_hold() {
+        let mut holds = Holds::default();
+        assert_eq!(
+            holds.decide(&due(5, Cause::Timeout), Committed::Nothing, 0, &POLICY),
+            Verdict::Copy { after_hold: false }
+        );
+    }
+
+    #[test]
+    fn an_unknown_offset_is_waited_for_briefly() {
+        let mut holds = Holds::default();
+        let e = due(5, Cause::Timeout);
+        assert!(matches!(
+            holds.decide(&e, Committed::Unknown, 0, &POLICY),
+            Verdict::Hold { first: true, .. }
+        ));
+        assert!(matches!(
+            holds.decide(&e, Committed::Unknown, 2_999, &POLICY),
+            Verdict::Hold { first: false, .. }
+        ));
+        assert_eq!(
+            holds.decide(&e, Committed::Unknown, 3_000, &POLICY),
+            Verdict::Copy { after_hold: true }
+        );
+    }
+
+    #[test]
+    fn only_timeouts_are_held() {
+        let mut holds = Holds::default();
+        for cause in [
+            Cause::Nacked,
+            Cause::Rejected("bad".into()),
+            Cause::Scheduled,
+        ] {
+            assert_eq!(
+                holds.decide(&due(5, cause), Committed::At(0), 0, &POLICY),
+                Verdict::Copy { after_hold: false }
+            );
+        }
+    }
+
+    #[test]
+    fn old_holds_are_forgotten() {
+        let mut holds = Holds::default();
+        assert!(matches!(
+            holds.decide(&due(1, Cause::Timeout), Committed::At(0), 0, &POLICY),
+            Verdict::Hold { .. }
+        ));
+        // Record 1 was taken over by a new Start and never fell due again.
+        holds.decide(&due(2, Cause::Timeout), Committed::At(9), 20_000, &POLICY);
+        assert_eq!(holds.len(), 0);
+    }
+}
