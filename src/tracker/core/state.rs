@@ -614,7 +614,8 @@ impl PartitionState {
     /// and makes it due again at `until_ms`, as a KeepAlive would: the tracker holds back a
     /// copy that the source group makes unnecessary (`core/group_hold.rs`). A new Start for
     /// the record then refreshes it and an End ends it, as for any delivery in flight.
-    /// Anything not just taken is left alone; returns whether it was held.
+    /// Anything not just taken is left alone; returns whether it was held. Meant for
+    /// timeouts: a held nack, reject or schedule would fall due again as a timeout.
     pub fn hold(&mut self, source: &SourceRef, until_ms: i64) -> bool {
         let Some(i) = self.key(source).and_then(|k| self.find_promoting(&k)) else {
             return false;
