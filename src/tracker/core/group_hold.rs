@@ -14,7 +14,7 @@
 //! a group that never comes back (every worker gone, its offsets deleted) still has its records
 //! copied, at worst `wait` later than without the option, so nothing is lost. A partition the
 //! group has no committed offset for (its next reader starts wherever its `auto.offset.reset`
-//! says, perhaps after the record), an offset the tracker could not fetch, and every expiry
+//! says, perhaps after the record), one whose offset could never be fetched, and every expiry
 //! that is not a timeout (a nack, a reject: those were handed out) are copied as before.
 //!
 //! One exception to "never handed out": a commit that failed for a reason other than a

@@ -5,9 +5,9 @@
 //! what this thread last fetched: asking about a partition the first time answers "unknown"
 //! and wakes the thread, which fetches every partition asked about in the last minute
 //! (`OffsetFetch` for the group, with a consumer that never joins it) and fetches them again
-//! every `REFRESH`. A partition the group has no offset for, and every partition of a fetch
-//! that failed (the group's ACL missing, the coordinator away), reads as "nothing": no hold,
-//! the copy is made as without the option.
+//! every `REFRESH`. A partition the group has no offset for reads as "nothing": no hold, the
+//! copy is made as without the option. A fetch that fails keeps what an earlier one found, and
+//! a partition no fetch has answered for yet (the group's ACL missing, say) reads as nothing.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -158,24 +158,27 @@ fn fetch_loop(shared: &Shared, consumer: &BaseConsumer, group: &str) {
                     group,
                     error = %e,
                     held_back,
-                    "could not fetch the source group's committed offsets; due deliveries are copied without waiting for the group"
+                    "could not fetch the source group's committed offsets; offsets fetched before \
+                     stand, and due deliveries of partitions never fetched are copied without \
+                     waiting for the group"
                 );
             }
         }
         let mut known = shared.lock();
-        for (key, committed) in wanted.into_iter().zip(answers(fetched)) {
+        for (key, answer) in wanted.into_iter().zip(answers(fetched)) {
             if let Some(e) = known.partitions.get_mut(&key) {
-                e.committed = committed;
+                e.committed = merged(e.committed, answer);
             }
         }
     }
 }
 
-/// The committed offset of each of `wanted`, in order.
+/// The committed offset of each of `wanted`, in order; `None` where the broker answered for
+/// that partition with an error.
 fn fetch(
     consumer: &BaseConsumer,
     wanted: &[(Arc<str>, i32)],
-) -> Result<Vec<Committed>, rdkafka::error::KafkaError> {
+) -> Result<Vec<Option<Committed>>, rdkafka::error::KafkaError> {
     let mut tpl = TopicPartitionList::new();
     for (topic, partition) in wanted {
         tpl.add_partition(topic, *partition);
@@ -184,24 +187,40 @@ fn fetch(
     Ok(wanted
         .iter()
         .map(|(topic, partition)| {
-            got.find_partition(topic, *partition)
-                .filter(|e| e.error().is_ok())
-                .map_or(Committed::Nothing, |e| match e.offset() {
-                    Offset::Offset(next) => Committed::At(next),
-                    _ => Committed::Nothing,
-                })
+            let e = got.find_partition(topic, *partition)?;
+            e.error().ok()?;
+            Some(match e.offset() {
+                Offset::Offset(next) => Committed::At(next),
+                // No offset committed there.
+                _ => Committed::Nothing,
+            })
         })
         .collect())
 }
 
-/// Each partition's answer, or "nothing" for all of them when the fetch failed.
+/// Each partition's answer, `None` for all of them when the fetch failed.
 fn answers(
-    fetched: Result<Vec<Committed>, rdkafka::error::KafkaError>,
-) -> impl Iterator<Item = Committed> {
+    fetched: Result<Vec<Option<Committed>>, rdkafka::error::KafkaError>,
+) -> impl Iterator<Item = Option<Committed>> {
     fetched
         .unwrap_or_default()
         .into_iter()
-        .chain(std::iter::repeat(Committed::Nothing))
+        .chain(std::iter::repeat(None))
+}
+
+/// What is known of a partition after a fetch whose `answer` for it was `None` if it failed.
+/// A failure keeps an offset known before: committed offsets move forward, so a stale one at
+/// most holds a record a little longer, within the wait (the long fault run on a cluster saw
+/// 61 fetches time out while a coordinator moved; reading them as "nothing" copied held
+/// batches a few seconds before their next reader came). A partition never answered for
+/// reads as nothing, so a tracker that may not read the group's offsets at all (its ACL
+/// missing) copies at the deadline, not after the first-answer grace.
+fn merged(old: Committed, answer: Option<Committed>) -> Committed {
+    match (answer, old) {
+        (Some(c), _) => c,
+        (None, Committed::Unknown) => Committed::Nothing,
+        (None, known) => known,
+    }
 }
 
 #[cfg(test)]
@@ -263,10 +282,21 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_fetch_reads_as_nothing_for_every_partition() {
+    fn a_failed_fetch_keeps_what_was_known_and_a_partition_never_answered_reads_as_nothing() {
         let failed = Err(rdkafka::error::KafkaError::Canceled);
-        assert!(answers(failed).take(3).all(|c| c == Committed::Nothing));
-        let got: Vec<Committed> = answers(Ok(vec![Committed::At(1)])).take(2).collect();
-        assert_eq!(got, [Committed::At(1), Committed::Nothing]);
+        assert!(answers(failed).take(3).all(|a| a.is_none()));
+        let got: Vec<_> = answers(Ok(vec![Some(Committed::At(1))])).take(2).collect();
+        assert_eq!(got, [Some(Committed::At(1)), None]);
+        assert_eq!(merged(Committed::At(4), None), Committed::At(4));
+        assert_eq!(merged(Committed::Nothing, None), Committed::Nothing);
+        assert_eq!(merged(Committed::Unknown, None), Committed::Nothing);
+        assert_eq!(
+            merged(Committed::At(4), Some(Committed::Nothing)),
+            Committed::Nothing
+        );
+        assert_eq!(
+            merged(Committed::Unknown, Some(Committed::At(9))),
+            Committed::At(9)
+        );
     }
 }
