@@ -166,8 +166,23 @@ fn fetch_loop(shared: &Shared, consumer: &BaseConsumer, group: &str) {
         }
         let mut known = shared.lock();
         for (key, answer) in wanted.into_iter().zip(answers(fetched)) {
-            if let Some(e) = known.partitions.get_mut(&key) {
-                e.committed = merged(e.committed, answer);
+            let Some(e) = known.partitions.get_mut(&key) else {
+                continue;
+            };
+            let first = e.committed == Committed::Unknown;
+            e.committed = merged(e.committed, answer);
+            if first && answer == Some(Committed::Nothing) {
+                // A misspelt group, or a topic it does not read, has nothing committed: say
+                // so, since the option then does nothing there.
+                if let Some(held_back) = log_limit.allow("no_offset", Instant::now()) {
+                    tracing::info!(
+                        group,
+                        topic = %key.0,
+                        partition = key.1,
+                        held_back,
+                        "the source group has no committed offset here; its due deliveries are copied at their deadline"
+                    );
+                }
             }
         }
     }
