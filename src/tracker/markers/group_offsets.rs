@@ -148,6 +148,13 @@ fn fetch_loop(shared: &Shared, consumer: &BaseConsumer, group: &str) {
                 .retain(|_, e| e.asked_at.elapsed() < FORGET_AFTER);
             known.partitions.keys().cloned().collect::<Vec<_>>()
         };
+        // The consumer is never assigned anything, but librdkafka queues its errors and events
+        // for a poll: drained here, they cannot pile up over a long broker outage.
+        while let Some(event) = consumer.poll(Duration::ZERO) {
+            if let Err(e) = event {
+                tracing::debug!(group, error = %e, "source group offsets reader");
+            }
+        }
         if wanted.is_empty() {
             continue;
         }
