@@ -55,6 +55,16 @@ fn bad_flags_give_one_line_naming_the_flag_and_exit_64() {
             vec![],
             "--admin-listen",
         ),
+        (
+            vec!["run", "--markers-topic", "m", "--source-group", " "],
+            vec![],
+            "--source-group",
+        ),
+        (
+            vec!["run", "--markers-topic", "m"],
+            vec![("REDELIVERY_SOURCE_GROUP_WAIT", "a while")],
+            "--source-group-wait",
+        ),
         (vec!["run"], vec![], "--markers-topic"),
         (
             vec!["run", "--markers-topic", "m"],
