@@ -10,7 +10,11 @@
 //!
 //! With `--source-group` the tracker holds such a delivery instead of copying it: its deadline
 //! moves `recheck` ahead, as a KeepAlive would move it, and the next owner's Start (and then its
-//! End) takes the delivery over. The hold is bounded by `wait`, counted from the first hold:
+//! End) takes the delivery over. Once held so, a delivery stays held when the group's offset
+//! then moves past the record: the group has taken it over (its next reader, or the worker
+//! itself back from a stop, was handed it after its commit), and that reader's Start or End
+//! takes the delivery over or ends it; a copy would be a second delivery. The hold is bounded
+//! by `wait`, counted from the first hold:
 //! a group that never comes back (every worker gone, its offsets deleted) still has its records
 //! copied, at worst `wait` later than without the option, so nothing is lost. A partition the
 //! group has no committed offset for (its next reader starts wherever its `auto.offset.reset`
@@ -75,11 +79,20 @@ pub(crate) enum Verdict {
     Copy { after_hold: bool },
 }
 
-/// The deliveries of one markers partition held so far, with when each was first held.
+/// The deliveries of one markers partition held so far.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    since: HashMap<SourceRef, i64>,
+    since: HashMap<SourceRef, Held>,
     last_forget_ms: i64,
+}
+
+/// One held delivery.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// When it was first held, in partition time.
+    since_ms: i64,
+    /// Whether the group's offset was ever seen at or before the record (not only unknown).
+    confirmed: bool,
 }
 
 impl Holds {
@@ -93,19 +106,34 @@ impl Holds {
         policy: &HoldPolicy,
     ) -> Verdict {
         self.forget_old(now_ms, policy);
-        let first_held = self.since.get(&expiry.source).copied();
-        let held_for = first_held.map_or(0, |t| now_ms.saturating_sub(t));
+        let held = self.since.get(&expiry.source).copied();
+        let held_for = held.map_or(0, |h| now_ms.saturating_sub(h.since_ms));
+        let confirmed = held.is_some_and(|h| h.confirmed);
         let hold = matches!(expiry.cause, Cause::Timeout)
+            && held_for < policy.wait_ms
             && match committed {
-                Committed::At(next) => next <= expiry.source.offset && held_for < policy.wait_ms,
-                Committed::Unknown => held_for < policy.unknown_ms.min(policy.wait_ms),
+                // Not committed past: nobody was handed the record. Committed past it since a
+                // hold confirmed that: the group took it over (its next reader, or the worker
+                // itself, back from a stop), and that reader's Start or End is on its way in
+                // the markers; copying now would deliver it twice. The wait still bounds both.
+                Committed::At(next) => next <= expiry.source.offset || confirmed,
+                Committed::Unknown => held_for < policy.unknown_ms,
                 Committed::Nothing => false,
             };
         if hold {
-            self.since.entry(expiry.source.clone()).or_insert(now_ms);
+            let confirmed = confirmed
+                || matches!(committed, Committed::At(next) if next <= expiry.source.offset);
+            let first = held.is_none();
+            self.since.insert(
+                expiry.source.clone(),
+                Held {
+                    since_ms: held.map_or(now_ms, |h| h.since_ms),
+                    confirmed,
+                },
+            );
             Verdict::Hold {
                 until_ms: now_ms.saturating_add(policy.recheck_ms.max(1)),
-                first: first_held.is_none(),
+                first,
             }
         } else {
             Verdict::Copy {
@@ -131,7 +159,7 @@ impl Holds {
             .wait_ms
             .saturating_add(policy.recheck_ms.saturating_mul(4));
         self.since
-            .retain(|_, first| now_ms.saturating_sub(*first) <= keep);
+            .retain(|_, h| now_ms.saturating_sub(h.since_ms) <= keep);
     }
 }
 
@@ -200,15 +228,36 @@ mod tests {
     }
 
     #[test]
-    fn a_held_record_is_copied_once_the_group_commits_past_it() {
+    fn a_held_record_stays_held_when_the_group_commits_past_it_until_the_wait() {
         let mut holds = Holds::default();
         let e = due(5, Cause::Timeout);
         assert!(matches!(
             holds.decide(&e, Committed::At(0), 0, &POLICY),
+            Verdict::Hold { first: true, .. }
+        ));
+        // The group read it again and committed: its Start (or End) is on the way.
+        assert!(matches!(
+            holds.decide(&e, Committed::At(9), 1_000, &POLICY),
+            Verdict::Hold { first: false, .. }
+        ));
+        // Nothing came in time: copied.
+        assert_eq!(
+            holds.decide(&e, Committed::At(9), 10_000, &POLICY),
+            Verdict::Copy { after_hold: true }
+        );
+    }
+
+    #[test]
+    fn a_record_held_only_while_unknown_is_copied_if_the_group_had_committed_past_it() {
+        let mut holds = Holds::default();
+        let e = due(5, Cause::Timeout);
+        assert!(matches!(
+            holds.decide(&e, Committed::Unknown, 0, &POLICY),
             Verdict::Hold { .. }
         ));
+        // The first answer: committed past it before it fell due, so it was handed out.
         assert_eq!(
-            holds.decide(&e, Committed::At(9), 1_000, &POLICY),
+            holds.decide(&e, Committed::At(6), 500, &POLICY),
             Verdict::Copy { after_hold: true }
         );
     }

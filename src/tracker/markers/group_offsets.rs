@@ -6,8 +6,9 @@
 //! and wakes the thread, which fetches every partition asked about in the last minute
 //! (`OffsetFetch` for the group, with a consumer that never joins it) and fetches them again
 //! every `REFRESH`. A partition the group has no offset for reads as "nothing": no hold, the
-//! copy is made as without the option. A fetch that fails keeps what an earlier one found, and
-//! a partition no fetch has answered for yet (the group's ACL missing, say) reads as nothing.
+//! copy is made as without the option. A fetch that fails keeps what an earlier one found; a
+//! partition no fetch has answered for yet stays unknown through a timeout and reads as
+//! nothing once the broker refuses the group (its ACL missing, say).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -166,18 +167,24 @@ fn fetch_loop(shared: &Shared, consumer: &BaseConsumer, group: &str) {
                     error = %e,
                     held_back,
                     "could not fetch the source group's committed offsets; offsets fetched before \
-                     stand, and due deliveries of partitions never fetched are copied without \
-                     waiting for the group"
+                     stand, and due deliveries of partitions never fetched are held a few seconds \
+                     at most (none if the broker refused the group)"
                 );
             }
         }
+        // A refusal stands until an operator acts; anything else (a timeout while the
+        // coordinator moves) may pass at the next fetch.
+        let lasting = match &fetched {
+            Ok(_) => true,
+            Err(e) => is_refusal(e),
+        };
         let mut known = shared.lock();
         for (key, answer) in wanted.into_iter().zip(answers(fetched)) {
             let Some(e) = known.partitions.get_mut(&key) else {
                 continue;
             };
             let first = e.committed == Committed::Unknown;
-            e.committed = merged(e.committed, answer);
+            e.committed = merged(e.committed, answer, lasting);
             if first && answer == Some(Committed::Nothing) {
                 // A misspelt group, or a topic it does not read, has nothing committed: say
                 // so, since the option then does nothing there.
@@ -230,19 +237,36 @@ fn answers(
         .chain(std::iter::repeat(None))
 }
 
-/// What is known of a partition after a fetch whose `answer` for it was `None` if it failed.
+/// What is known of a partition after a fetch whose `answer` for it was `None` if it failed,
+/// `lasting` if that failure will not pass by itself (a refusal, an error for the partition).
 /// A failure keeps an offset known before: committed offsets move forward, so a stale one at
 /// most holds a record a little longer, within the wait (the long fault run on a cluster saw
 /// 61 fetches time out while a coordinator moved; reading them as "nothing" copied held
-/// batches a few seconds before their next reader came). A partition never answered for
-/// reads as nothing, so a tracker that may not read the group's offsets at all (its ACL
-/// missing) copies at the deadline, not after the first-answer grace.
-fn merged(old: Committed, answer: Option<Committed>) -> Committed {
+/// batches a few seconds before their next reader came). A partition never answered for stays
+/// unknown through a passing failure (its deliveries are held for the first-answer grace at
+/// most) and reads as nothing after a lasting one, so a tracker that may not read the group's
+/// offsets at all (its ACL missing) copies at the deadline.
+fn merged(old: Committed, answer: Option<Committed>, lasting: bool) -> Committed {
     match (answer, old) {
         (Some(c), _) => c,
-        (None, Committed::Unknown) => Committed::Nothing,
+        (None, Committed::Unknown) if lasting => Committed::Nothing,
         (None, known) => known,
     }
+}
+
+/// Whether a failed fetch was the broker refusing this tracker the group or its topics.
+fn is_refusal(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            Code::GroupAuthorizationFailed
+                | Code::TopicAuthorizationFailed
+                | Code::ClusterAuthorizationFailed
+                | Code::SaslAuthenticationFailed
+                | Code::InvalidGroupId
+        )
+    )
 }
 
 #[cfg(test)]
@@ -304,21 +328,35 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_fetch_keeps_what_was_known_and_a_partition_never_answered_reads_as_nothing() {
+    fn a_failed_fetch_keeps_what_was_known_and_only_a_refusal_makes_an_unknown_partition_nothing() {
         let failed = Err(rdkafka::error::KafkaError::Canceled);
         assert!(answers(failed).take(3).all(|a| a.is_none()));
         let got: Vec<_> = answers(Ok(vec![Some(Committed::At(1))])).take(2).collect();
         assert_eq!(got, [Some(Committed::At(1)), None]);
-        assert_eq!(merged(Committed::At(4), None), Committed::At(4));
-        assert_eq!(merged(Committed::Nothing, None), Committed::Nothing);
-        assert_eq!(merged(Committed::Unknown, None), Committed::Nothing);
+        for lasting in [false, true] {
+            assert_eq!(merged(Committed::At(4), None, lasting), Committed::At(4));
+            assert_eq!(
+                merged(Committed::Nothing, None, lasting),
+                Committed::Nothing
+            );
+        }
+        assert_eq!(merged(Committed::Unknown, None, false), Committed::Unknown);
+        assert_eq!(merged(Committed::Unknown, None, true), Committed::Nothing);
         assert_eq!(
-            merged(Committed::At(4), Some(Committed::Nothing)),
+            merged(Committed::At(4), Some(Committed::Nothing), false),
             Committed::Nothing
         );
         assert_eq!(
-            merged(Committed::Unknown, Some(Committed::At(9))),
+            merged(Committed::Unknown, Some(Committed::At(9)), false),
             Committed::At(9)
         );
+        use rdkafka::error::KafkaError;
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        assert!(is_refusal(&KafkaError::MetadataFetch(
+            Code::GroupAuthorizationFailed
+        )));
+        assert!(!is_refusal(&KafkaError::MetadataFetch(
+            Code::OperationTimedOut
+        )));
     }
 }

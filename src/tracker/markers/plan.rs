@@ -397,7 +397,7 @@ mod tests {
     }
 
     #[test]
-    fn a_delivery_its_group_has_not_committed_past_is_held_until_it_has() {
+    fn a_delivery_its_group_has_not_committed_past_is_held_until_the_wait_runs_out() {
         let mut f = Fixture::new();
         f.read(Marker::Tick { nonce: 7 }, T0_MS, Duration::ZERO);
         f.start(10, 2_000, T0_MS, Duration::ZERO);
@@ -407,7 +407,7 @@ mod tests {
             Committed::At(next.get())
         };
         let check = GroupCheck {
-            policy: HoldPolicy::waiting(60_000),
+            policy: HoldPolicy::waiting(3_000),
             committed: &lookup,
         };
         let due_at = |f: &mut Fixture, ms: u32| {
@@ -424,9 +424,12 @@ mod tests {
         let due = due_at(&mut f, 3_000);
         assert!(due.jobs.is_empty());
         assert_eq!(due.held, 0, "counted once");
-        // Committed past it: copied.
+        // Committed past it: the group took it over, its Start is on the way. Still held.
         next.set(11);
         let due = due_at(&mut f, 4_000);
+        assert!(due.jobs.is_empty());
+        // Three seconds after the first hold, and no Start came: copied.
+        let due = due_at(&mut f, 5_000);
         let offsets: Vec<i64> = due
             .jobs
             .iter()
