@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::marker::SourceRef;
 use crate::tracker::core::group_hold::{Committed, HoldPolicy, Verdict};
+use crate::tracker::core::state::Cause;
 use crate::tracker::inspect::PartitionView;
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
 use crate::tracker::redeliver::worker::Job;
@@ -58,7 +59,11 @@ pub(crate) fn due_jobs(
         let mut expiries = p.take_due(now_ms, now, batch);
         if let Some(check) = group {
             expiries.retain(|e| {
-                let committed = (check.committed)(&e.source);
+                // Only a timeout can be held: the others need no lookup.
+                let committed = match e.cause {
+                    Cause::Timeout => (check.committed)(&e.source),
+                    _ => Committed::Nothing,
+                };
                 match p.holds.decide(e, committed, now_ms, &check.policy) {
                     Verdict::Hold { until_ms, first } => {
                         let held = p.state.hold(&e.source, until_ms);
