@@ -1,6 +1,7 @@
-//! The tracker state fed whatever the decoder makes of arbitrary bytes (versions 1 and 2), with time moving
-//! forward, some due deliveries held instead of handed out: it must never panic, never hand out a delivery twice for the same attempt, and
-//! never commit past a Start still in flight.
+//! The tracker state fed whatever the decoder makes of arbitrary bytes (versions 1 and 2), with
+//! time moving forward and some due deliveries held instead of handed out: it must never panic,
+//! never hand out a delivery twice for the same attempt, and never commit past a Start still in
+//! flight.
 #![no_main]
 
 use kafka_redelivery::marker::{decode, Marker, SourceRef};

@@ -74,8 +74,8 @@ impl HoldPolicy {
 pub(crate) enum Verdict {
     /// Hold it: make it due again at `until_ms`. `first` is its first hold.
     Hold { until_ms: i64, first: bool },
-    /// Copy it now; `after_hold` says it was held before (the wait ran out, or the group no
-    /// longer has an offset to wait for).
+    /// Copy it now; `after_hold` says it was held before (the wait or the first-answer grace
+    /// ran out, or the group no longer has an offset to wait for).
     Copy { after_hold: bool },
 }
 
