@@ -74,9 +74,63 @@ impl HoldPolicy {
 pub(crate) enum Verdict {
     /// Hold it: make it due again at `until_ms`. `first` is its first hold.
     Hold { until_ms: i64, first: bool },
-    /// Copy it now; `after_hold` says it was held before (the wait or the first-answer grace
-    /// ran out, or the group no longer has an offset to wait for).
-    Copy { after_hold: bool },
+    /// Copy it now; `after_hold` says why, when it was held before.
+    Copy { after_hold: Option<AfterHold> },
+}
+
+/// Why a held delivery is copied after all. Each tells an operator something different: a
+/// group that did not come back, a tracker that cannot see the group's offsets, a group whose
+/// offsets are gone, or a hold that turned out not to be needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterHold {
+    /// The wait (`--source-group-wait`) ran out: nobody took the record over in time.
+    Waited,
+    /// The group's offset of the partition stayed unknown past the first-answer grace: the
+    /// fetches are failing, or a tracker just started has no answer yet.
+    NoAnswer,
+    /// The group has no committed offset there any more, or the broker refuses to say.
+    NoOffset,
+    /// The record had been handed out after all: held only while its partition's offset was
+    /// unknown, the answer showed the group past it; or it was nacked or rejected since.
+    HandedOut,
+}
+
+impl AfterHold {
+    /// Every reason, in the order of [`CopiedAfterHold`]'s counts.
+    pub(crate) const ALL: [AfterHold; 4] = [
+        AfterHold::Waited,
+        AfterHold::NoAnswer,
+        AfterHold::NoOffset,
+        AfterHold::HandedOut,
+    ];
+
+    /// The `outcome` label of `redelivery_group_holds_total` for copies made for this reason.
+    pub(crate) fn outcome(self) -> &'static str {
+        match self {
+            AfterHold::Waited => "copied_after_wait",
+            AfterHold::NoAnswer => "copied_no_answer",
+            AfterHold::NoOffset => "copied_no_offset",
+            AfterHold::HandedOut => "copied_handed_out",
+        }
+    }
+}
+
+/// Copies made after a hold, counted by [`AfterHold`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CopiedAfterHold([u64; 4]);
+
+impl CopiedAfterHold {
+    pub(crate) fn add(&mut self, why: AfterHold) {
+        self.0[why as usize] += 1;
+    }
+
+    pub(crate) fn get(&self, why: AfterHold) -> u64 {
+        self.0[why as usize]
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
 }
 
 /// The deliveries of one markers partition held so far.
@@ -136,9 +190,21 @@ impl Holds {
                 first,
             }
         } else {
-            Verdict::Copy {
-                after_hold: self.since.remove(&expiry.source).is_some(),
-            }
+            let after_hold = self.since.remove(&expiry.source).map(|_| {
+                if !matches!(expiry.cause, Cause::Timeout) {
+                    AfterHold::HandedOut
+                } else if held_for >= policy.wait_ms {
+                    AfterHold::Waited
+                } else {
+                    match committed {
+                        Committed::Unknown => AfterHold::NoAnswer,
+                        Committed::Nothing => AfterHold::NoOffset,
+                        // Past the record, and never confirmed behind it.
+                        Committed::At(_) => AfterHold::HandedOut,
+                    }
+                }
+            });
+            Verdict::Copy { after_hold }
         }
     }
 
@@ -212,7 +278,9 @@ mod tests {
         // Ten seconds after the first hold: copied, nothing lost.
         assert_eq!(
             holds.decide(&e, Committed::At(5), 10_100, &POLICY),
-            Verdict::Copy { after_hold: true }
+            Verdict::Copy {
+                after_hold: Some(AfterHold::Waited)
+            }
         );
         assert_eq!(holds.len(), 0);
     }
@@ -223,7 +291,7 @@ mod tests {
         // Committed 6: record 5 was committed, so it was handed out (or is about to be).
         assert_eq!(
             holds.decide(&due(5, Cause::Timeout), Committed::At(6), 0, &POLICY),
-            Verdict::Copy { after_hold: false }
+            Verdict::Copy { after_hold: None }
         );
     }
 
@@ -243,7 +311,9 @@ mod tests {
         // Nothing came in time: copied.
         assert_eq!(
             holds.decide(&e, Committed::At(9), 10_000, &POLICY),
-            Verdict::Copy { after_hold: true }
+            Verdict::Copy {
+                after_hold: Some(AfterHold::Waited)
+            }
         );
     }
 
@@ -258,7 +328,9 @@ mod tests {
         // The first answer: committed past it before it fell due, so it was handed out.
         assert_eq!(
             holds.decide(&e, Committed::At(6), 500, &POLICY),
-            Verdict::Copy { after_hold: true }
+            Verdict::Copy {
+                after_hold: Some(AfterHold::HandedOut)
+            }
         );
     }
 
@@ -267,7 +339,7 @@ mod tests {
         let mut holds = Holds::default();
         assert_eq!(
             holds.decide(&due(5, Cause::Timeout), Committed::Nothing, 0, &POLICY),
-            Verdict::Copy { after_hold: false }
+            Verdict::Copy { after_hold: None }
         );
     }
 
@@ -285,8 +357,44 @@ mod tests {
         ));
         assert_eq!(
             holds.decide(&e, Committed::Unknown, 3_000, &POLICY),
-            Verdict::Copy { after_hold: true }
+            Verdict::Copy {
+                after_hold: Some(AfterHold::NoAnswer)
+            }
         );
+    }
+
+    #[test]
+    fn a_held_record_copied_says_whether_the_offset_went_or_it_was_handed_out() {
+        let mut holds = Holds::default();
+        let e = due(5, Cause::Timeout);
+        assert!(matches!(
+            holds.decide(&e, Committed::At(5), 0, &POLICY),
+            Verdict::Hold { .. }
+        ));
+        // The group's offsets were deleted (or an ACL refuses them now).
+        assert_eq!(
+            holds.decide(&e, Committed::Nothing, 1_000, &POLICY),
+            Verdict::Copy {
+                after_hold: Some(AfterHold::NoOffset)
+            }
+        );
+        let e = due(6, Cause::Timeout);
+        assert!(matches!(
+            holds.decide(&e, Committed::At(6), 0, &POLICY),
+            Verdict::Hold { .. }
+        ));
+        // Its next reader was handed it and nacked it.
+        assert_eq!(
+            holds.decide(&due(6, Cause::Nacked), Committed::Nothing, 1_000, &POLICY),
+            Verdict::Copy {
+                after_hold: Some(AfterHold::HandedOut)
+            }
+        );
+        let mut counts = CopiedAfterHold::default();
+        counts.add(AfterHold::NoOffset);
+        counts.add(AfterHold::HandedOut);
+        counts.add(AfterHold::HandedOut);
+        assert_eq!((counts.get(AfterHold::HandedOut), counts.total()), (2, 3));
     }
 
     #[test]
@@ -299,7 +407,7 @@ mod tests {
         ] {
             assert_eq!(
                 holds.decide(&due(5, cause), Committed::At(0), 0, &POLICY),
-                Verdict::Copy { after_hold: false }
+                Verdict::Copy { after_hold: None }
             );
         }
     }

@@ -638,7 +638,7 @@ impl MarkersLoop {
                 check.as_ref(),
             )
         };
-        if due.held > 0 || due.copied_after_hold > 0 {
+        if due.held > 0 || due.copied_after_hold.total() > 0 {
             self.metrics.emit(HeldForGroup {
                 held: due.held,
                 copied_after_hold: due.copied_after_hold,

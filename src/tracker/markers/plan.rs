@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::marker::SourceRef;
-use crate::tracker::core::group_hold::{Committed, HoldPolicy, Verdict};
+use crate::tracker::core::group_hold::{Committed, CopiedAfterHold, HoldPolicy, Verdict};
 use crate::tracker::core::state::Cause;
 use crate::tracker::inspect::PartitionView;
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
@@ -33,8 +33,8 @@ pub(crate) struct Due {
     pub jobs: Vec<Job>,
     /// Deliveries held back for the first time (their group has not committed past them).
     pub held: u64,
-    /// Deliveries copied after being held: the wait ran out or there was nothing to wait for.
-    pub copied_after_hold: u64,
+    /// Deliveries copied after being held, by why.
+    pub copied_after_hold: CopiedAfterHold,
 }
 
 /// The due deliveries of ready partitions at local instant `now`, as at most `room` jobs of
@@ -71,7 +71,9 @@ pub(crate) fn due_jobs(
                         !held
                     }
                     Verdict::Copy { after_hold } => {
-                        due.copied_after_hold += u64::from(after_hold);
+                        if let Some(why) = after_hold {
+                            due.copied_after_hold.add(why);
+                        }
                         true
                     }
                 }
@@ -272,6 +274,7 @@ pub(crate) fn committed(partitions: &mut Partitions, commits: &[Commit], ok: boo
 mod tests {
     use super::*;
     use crate::marker::{Marker, SourceRef};
+    use crate::tracker::core::group_hold::AfterHold;
     use crate::tracker::markers::partition::{
         Proof, HELD_REPORT_AFTER, PROOF_RETRY, READ_THROUGH_SLACK_MS,
     };
@@ -422,7 +425,7 @@ mod tests {
         // The group's next offset is the record itself: nobody was handed it. Held.
         let due = due_at(&mut f, 2_000);
         assert!(due.jobs.is_empty());
-        assert_eq!((due.held, due.copied_after_hold), (1, 0));
+        assert_eq!((due.held, due.copied_after_hold.total()), (1, 0));
         let p = &mut f.partitions;
         let wake = wake_at(p, f.t0, f.t0 + 60_000 * MS, 60_000 * MS, true, None);
         assert_eq!(wake, f.t0 + 3_000 * MS, "looked at again a second later");
@@ -441,7 +444,8 @@ mod tests {
             .flat_map(|j| j.expiries.iter().map(|e| e.source.offset))
             .collect();
         assert_eq!(offsets, [10]);
-        assert_eq!(due.copied_after_hold, 1);
+        assert_eq!(due.copied_after_hold.get(AfterHold::Waited), 1);
+        assert_eq!(due.copied_after_hold.total(), 1);
         assert_eq!(f.partitions[&0].redeliveries, 1);
     }
 

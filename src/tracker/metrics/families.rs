@@ -5,6 +5,7 @@
 //! error (a bad name, a duplicate), which the unit tests would hit, so `expect` is used for them.
 #![allow(clippy::expect_used)]
 
+use crate::tracker::core::group_hold::AfterHold;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -152,13 +153,17 @@ impl Work {
             "redelivery_group_holds_total",
             "Due deliveries held back because the source group (--source-group) had not \
              committed past their record and reads it again itself (outcome=held, once per \
-             delivery), and those copied after all (outcome=copied_after_hold)",
+             delivery), and those copied after all, by why: the wait ran out \
+             (copied_after_wait), the group's offset stayed unknown (copied_no_answer), the \
+             group has no offset there (copied_no_offset), or it had been handed out after all \
+             (copied_handed_out)",
             &["outcome"],
         );
-        // Both series from the start, at zero: a rate over them is 0, not "no data", on a
+        // Every series from the start, at zero: a rate over them is 0, not "no data", on a
         // tracker that holds nothing (or runs without the option).
-        for outcome in ["held", "copied_after_hold"] {
-            group_holds.with_label_values(&[outcome]);
+        group_holds.with_label_values(&["held"]);
+        for why in AfterHold::ALL {
+            group_holds.with_label_values(&[why.outcome()]);
         }
         Work {
             redelivered: topic_and(

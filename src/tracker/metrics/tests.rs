@@ -4,6 +4,7 @@ use super::intake::{MarkerUndecodable, Tombstone};
 use super::work::{DeliveryParked, HeldForGroup, ProduceFailed};
 use super::*;
 use crate::marker::SourceRef;
+use crate::tracker::core::group_hold::{AfterHold, CopiedAfterHold};
 
 fn series(m: &Metrics, s: &str) -> f64 {
     m.render()
@@ -118,11 +119,20 @@ fn a_parked_delivery_is_counted() {
 fn holds_for_the_source_group_are_counted_from_zero() {
     let m = Metrics::new();
     let held = "redelivery_group_holds_total{outcome=\"held\"}";
-    let copied = "redelivery_group_holds_total{outcome=\"copied_after_hold\"}";
-    assert_eq!((series(&m, held), series(&m, copied)), (0.0, 0.0));
+    let waited = "redelivery_group_holds_total{outcome=\"copied_after_wait\"}";
+    let no_answer = "redelivery_group_holds_total{outcome=\"copied_no_answer\"}";
+    let no_offset = "redelivery_group_holds_total{outcome=\"copied_no_offset\"}";
+    let handed_out = "redelivery_group_holds_total{outcome=\"copied_handed_out\"}";
+    let all =
+        |m: &Metrics| [held, waited, no_answer, no_offset, handed_out].map(|name| series(m, name));
+    assert_eq!(all(&m), [0.0; 5]);
+    let mut copied = CopiedAfterHold::default();
+    copied.add(AfterHold::Waited);
+    copied.add(AfterHold::NoOffset);
+    copied.add(AfterHold::NoOffset);
     m.emit(HeldForGroup {
         held: 3,
-        copied_after_hold: 1,
+        copied_after_hold: copied,
     });
-    assert_eq!((series(&m, held), series(&m, copied)), (3.0, 1.0));
+    assert_eq!(all(&m), [3.0, 1.0, 0.0, 2.0, 0.0]);
 }

@@ -7,6 +7,7 @@ use super::{Emit, Metrics};
 use crate::events::{Event, EventKind};
 use crate::marker::SourceRef;
 use crate::tracker::core::action::DlqReason;
+use crate::tracker::core::group_hold::{AfterHold, CopiedAfterHold};
 
 /// A copy reached its source topic.
 pub(crate) struct Redelivered<'a> {
@@ -34,31 +35,37 @@ impl Emit for Redelivered<'_> {
 
 /// Due deliveries held back for the source group (`--source-group`): `held` for the first
 /// time, since the group had not committed past their records; `copied_after_hold` copied
-/// after all, the wait over or nothing left to wait for.
+/// after all, counted by why (the wait ran out, no answer about the group's offset, no offset
+/// left, or handed out after all).
 pub(crate) struct HeldForGroup {
     pub held: u64,
-    pub copied_after_hold: u64,
+    pub copied_after_hold: CopiedAfterHold,
 }
 
 impl Emit for HeldForGroup {
     fn emit(self, m: &Metrics) {
         let HeldForGroup {
             held,
-            copied_after_hold,
+            copied_after_hold: copied,
         } = self;
-        if copied_after_hold > 0 {
+        if copied.total() > 0 {
             // Rare (a group that did not come back in time), and worth a line each pass.
             tracing::info!(
-                copied_after_hold,
-                "copies made after holding them for the source group: it did not read the records again in time"
+                waited = copied.get(AfterHold::Waited),
+                no_answer = copied.get(AfterHold::NoAnswer),
+                no_offset = copied.get(AfterHold::NoOffset),
+                handed_out = copied.get(AfterHold::HandedOut),
+                "copies made after holding them for the source group"
             );
         }
         tracing::debug!(held, "held back for the source group");
         let holds = &m.work.group_holds;
         holds.with_label_values(&["held"]).inc_by(held);
-        holds
-            .with_label_values(&["copied_after_hold"])
-            .inc_by(copied_after_hold);
+        for why in AfterHold::ALL {
+            holds
+                .with_label_values(&[why.outcome()])
+                .inc_by(copied.get(why));
+        }
     }
 }
 
