@@ -13,7 +13,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
-use super::kafka::{client, create, unique, Topics, PARTITIONS};
+use super::kafka::{client, create, unique, Topics};
 use super::share;
 use super::Error;
 use redelivery_testkit::clock::now_ms_f64 as now_ms;
@@ -207,7 +207,9 @@ pub async fn consume(
         }
         Kind::Floor | Kind::BatchFloor => {
             let side = format!("{}.floor", topics.source);
-            create(brokers, &side, PARTITIONS, &[]).await?;
+            // As many partitions as ours' markers topic, so that the floor writes its small
+            // records into as many partitions, and so as many produce requests, as ours would.
+            create(brokers, &side, super::kafka::markers_partitions(), &[]).await?;
             let (b, t) = (brokers.to_string(), topics.source.clone());
             let per_batch = kind == Kind::BatchFloor;
             tokio::task::spawn_blocking(move || {
@@ -312,8 +314,14 @@ fn floor(
         if batch.is_empty() {
             continue;
         }
-        // The partitions a marker is written to: one per message, or one per partition.
-        let mut marked: Vec<i32> = batch.iter().map(|m| m.partition()).collect();
+        // The partitions a marker is written to: one per message, or one per partition. The
+        // side topic has as many partitions as ours' markers topic; a source partition maps to
+        // one by its number modulo the count (ours hashes it, which may collide more).
+        let side_partitions = super::kafka::markers_partitions();
+        let mut marked: Vec<i32> = batch
+            .iter()
+            .map(|m| m.partition() % side_partitions)
+            .collect();
         if per_batch {
             marked.sort_unstable();
             marked.dedup();

@@ -11,6 +11,18 @@ use super::Error;
 /// Source partitions in every scenario.
 pub const PARTITIONS: i32 = 8;
 
+/// Partitions of the markers topic of the throughput, latency and redelivery scenarios: the
+/// command line's `--markers-partitions`, else 1, `topics create`'s default.
+static MARKERS_PARTITIONS: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+
+pub fn set_markers_partitions(partitions: i32) {
+    let _ = MARKERS_PARTITIONS.set(partitions);
+}
+
+pub fn markers_partitions() -> i32 {
+    MARKERS_PARTITIONS.get().copied().unwrap_or(1)
+}
+
 pub use redelivery_testkit::kafka::client;
 pub use redelivery_testkit::names::unique;
 use redelivery_testkit::process::thread_cpu_seconds;
@@ -42,7 +54,7 @@ pub async fn topics(brokers: &str) -> Result<Topics, Error> {
     create(
         brokers,
         &markers,
-        PARTITIONS,
+        markers_partitions(),
         &[("message.timestamp.type", "LogAppendTime")],
     )
     .await?;

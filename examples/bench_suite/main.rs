@@ -88,6 +88,11 @@ struct Args {
     /// settlements are gathered into one Settle marker.
     #[arg(long)]
     ours_settle_window_ms: Option<u64>,
+    /// Partitions of the markers topic in the throughput, latency and redelivery scenarios (1,
+    /// `topics create`'s default). Each markers partition a poll batch's records map to costs a
+    /// produce request the batch waits for: BENCHMARKS.md, "How many markers partitions".
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..))]
+    markers_partitions: i32,
     /// Records the share peer, a JVM started for each throughput run, consumes from a topic of
     /// its own before its timed part, so that its code is compiled before the clock starts as
     /// a long-running consumer's is (200,000 by default, 500 with `--quick`; 0: none).
@@ -739,6 +744,7 @@ async fn main() -> Result<(), Error> {
     if let Some(ms) = args.ours_settle_window_ms {
         consumers::set_ours_settle_window(Duration::from_millis(ms));
     }
+    kafka::set_markers_partitions(args.markers_partitions);
     kafka::set_settling(!args.quick);
     let plan = Plan::of(&args);
     if plan.runs(Part::Latency) && !plan.runs(Part::Throughput) && plan.offered.is_none() {

@@ -207,7 +207,12 @@ pub struct TopicsArgs {
     #[command(flatten)]
     pub kafka: KafkaArgs,
     /// Partitions of the markers topic. Fixed for good: it decides where each source's markers go.
-    #[arg(long, env = "REDELIVERY_MARKERS_PARTITIONS", default_value_t = 8,
+    /// One by default: a client writes one Start per markers partition that a poll batch's
+    /// records map to, librdkafka sends each partition in a produce request of its own, and the
+    /// batch waits for the slowest of them, so every extra partition costs broker CPU and
+    /// handout latency (BENCHMARKS.md, "How many markers partitions"). One tracker applies
+    /// millions of version 2 records a second; more partitions only let more replicas work.
+    #[arg(long, env = "REDELIVERY_MARKERS_PARTITIONS", default_value_t = 1,
           value_parser = clap::value_parser!(i32).range(1..))]
     pub partitions: i32,
     /// Replication factor of the created topics (-1: the broker's default).
