@@ -390,6 +390,10 @@ mod tests {
                 after_hold: Some(AfterHold::HandedOut)
             }
         );
+        // The counts are indexed by the reasons' order in `ALL`.
+        for (i, why) in AfterHold::ALL.into_iter().enumerate() {
+            assert_eq!(why as usize, i);
+        }
         let mut counts = CopiedAfterHold::default();
         counts.add(AfterHold::NoOffset);
         counts.add(AfterHold::HandedOut);
