@@ -167,7 +167,10 @@ async fn run(size: Size) {
         Brokers::Single => Cluster::private("faults"),
         Brokers::Cluster { .. } => Cluster::private_cluster_on_network("faults", 3),
     };
-    let t = cluster.topics(8, 4).await;
+    // Four markers partitions by default, so that trackers split them and hand them over;
+    // `FAULTS_MARKERS_PARTITIONS=1` runs the deployment default, one tracker owning them all.
+    let markers_partitions = i32::try_from(env("FAULTS_MARKERS_PARTITIONS", 4)).unwrap_or(4);
+    let t = cluster.topics(8, markers_partitions).await;
     let ids: Vec<String> = (0..size.messages).map(|i| format!("f-{i}")).collect();
 
     let mut fleet = Fleet::start(&cluster, &t, size.workers, 2);

@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::marker::SourceRef;
-use crate::tracker::core::group_hold::{Committed, CopiedAfterHold, HoldPolicy, Verdict};
+use crate::tracker::core::group_hold::{
+    AfterHold, Committed, CopiedAfterHold, HoldPolicy, Verdict,
+};
 use crate::tracker::core::state::Cause;
 use crate::tracker::inspect::PartitionView;
 use crate::tracker::markers::partition::{OwnedPartition, Restore};
@@ -73,6 +75,18 @@ pub(crate) fn due_jobs(
                     Verdict::Copy { after_hold } => {
                         if let Some(why) = after_hold {
                             due.copied_after_hold.add(why);
+                        }
+                        // What each timeout's copy was decided on: a copy the group then
+                        // delivers as well (RELIABILITY.md, "The copies after a hold, by
+                        // why") can be traced back to the offset the tracker saw.
+                        if matches!(e.cause, Cause::Timeout) {
+                            tracing::debug!(
+                                record = %e.source,
+                                attempt = e.attempt,
+                                ?committed,
+                                after_hold = after_hold.map(AfterHold::outcome),
+                                "copying a timed-out delivery the source group has not held back"
+                            );
                         }
                         true
                     }
@@ -274,7 +288,6 @@ pub(crate) fn committed(partitions: &mut Partitions, commits: &[Commit], ok: boo
 mod tests {
     use super::*;
     use crate::marker::{Marker, SourceRef};
-    use crate::tracker::core::group_hold::AfterHold;
     use crate::tracker::markers::partition::{
         Proof, HELD_REPORT_AFTER, PROOF_RETRY, READ_THROUGH_SLACK_MS,
     };
