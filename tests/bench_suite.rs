@@ -35,8 +35,11 @@ fn the_quick_suite_runs_every_scenario_and_writes_results_and_plots() {
                 "{size} {kind}"
             );
             for load in ["half_plain", "sustained"] {
-                let p99 = &json["sizes"][size]["latency"][load]["p99_ms"][kind]["median"];
-                assert!(p99.is_number(), "{size} {kind} {load}: {json}");
+                let latency = &json["sizes"][size]["latency"][load];
+                for figure in ["p99_ms", "steady_p99_ms"] {
+                    let p99 = &latency[figure][kind]["median"];
+                    assert!(p99.is_number(), "{size} {kind} {load} {figure}: {json}");
+                }
             }
         }
     }
