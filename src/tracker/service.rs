@@ -19,7 +19,6 @@ use crate::tracker::markers::group_offsets::GroupOffsets;
 use crate::tracker::memory;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::readiness::Readiness;
-use crate::tracker::redeliver::producers::Producers;
 use crate::tracker::redeliver::read_ahead;
 use crate::tracker::redeliver::worker::Redeliverer;
 use crate::tracker::snapshot::restorer::Restorer;
@@ -137,9 +136,13 @@ impl Tracker {
         // lingering would only add to every pass; batching comes from the pass itself.
         let mut settings = crate::kafka::DURABLE_PRODUCER.to_vec();
         settings.push(("linger.ms", "0"));
-        let producers = Producers::create(&self.config, &settings)?;
+        let producer: FutureProducer = self
+            .config
+            .client_config(&settings)
+            .create()
+            .map_err(TrackerError::kafka("creating the producer"))?;
         let snapshots = {
-            let (producer, config) = (producers.first().clone(), self.config.clone());
+            let (producer, config) = (producer.clone(), self.config.clone());
             tokio::task::spawn_blocking(move || snapshots_topic(&producer, &config))
                 .await
                 .map_err(|e| TrackerError::Thread(e.to_string()))?
@@ -156,7 +159,7 @@ impl Tracker {
                 .map_or((None, None), |(h, c)| (Some(h), Some(c)));
         let worker = Redeliverer::new(
             self.config.clone(),
-            producers.clone(),
+            producer.clone(),
             self.metrics.clone(),
             stop_worker.clone(),
             fence,
@@ -170,7 +173,7 @@ impl Tracker {
         let worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;
         let markers = MarkersLoop {
             consumer,
-            producers,
+            producer,
             config: self.config.clone(),
             metrics: self.metrics.clone(),
             jobs,

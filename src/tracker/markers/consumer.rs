@@ -18,7 +18,7 @@ use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::producer::{DeliveryFuture, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::marker::{decode, encode, Marker, SourceRef};
@@ -38,7 +38,6 @@ use crate::tracker::metrics::progress::{CommitFinished, RestoreFailed};
 use crate::tracker::metrics::work::{HeldForGroup, ProduceFailed};
 use crate::tracker::metrics::Metrics;
 use crate::tracker::metrics::Problem;
-use crate::tracker::redeliver::producers::Producers;
 use crate::tracker::redeliver::read_ahead::Hints;
 use crate::tracker::redeliver::worker::Job;
 use crate::tracker::snapshot::policy;
@@ -324,7 +323,7 @@ fn drain<R>(
 /// The poll loop and what it needs.
 pub(crate) struct MarkersLoop {
     pub(crate) consumer: BaseConsumer<TrackerContext>,
-    pub(crate) producers: Producers,
+    pub(crate) producer: FutureProducer,
     pub(crate) config: Arc<TrackerConfig>,
     pub(crate) metrics: Metrics,
     pub(crate) jobs: SyncSender<Job>,
@@ -588,12 +587,7 @@ impl MarkersLoop {
         let record = FutureRecord::<(), _>::to(&self.config.markers_topic)
             .partition(id)
             .payload(&payload);
-        // Through the producer the worker writes this partition's Ends with, so a Tick and the
-        // Ends before it reach the partition in the order they were written, as with one.
-        let producer = self
-            .producers
-            .for_target(&self.config.markers_topic, Some(id));
-        match producer.send_result(record) {
+        match self.producer.send_result(record) {
             Ok(f) => pending.push(f),
             Err((e, _)) => self.metrics.emit(ProduceFailed {
                 what: "tick",
@@ -689,7 +683,7 @@ impl MarkersLoop {
                     p,
                     &self.config,
                     topic,
-                    self.producers.first(),
+                    &self.producer,
                     &self.metrics,
                     now,
                     oldest,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::headers::{self, HeaderList};
@@ -21,7 +21,6 @@ use crate::marker::{encode, Marker, Settle, SourceRef};
 
 use crate::tracker::metrics::work::{ProduceFailed, ProduceRefused};
 use crate::tracker::metrics::Metrics;
-use crate::tracker::redeliver::producers::Producers;
 
 /// A record to produce, owned so it can be retried.
 #[derive(Debug, Clone)]
@@ -103,8 +102,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Sends records and waits until each is durable or refused for good.
 pub struct Sender<'a> {
-    /// The idempotent, `acks=all` producers (`producers.rs`).
-    pub producers: &'a Producers,
+    /// The idempotent, `acks=all` producer.
+    pub producer: &'a FutureProducer,
     /// Where failures are logged and counted.
     pub metrics: &'a Metrics,
     /// Set when the tracker stops; retrying ends then.
@@ -134,8 +133,7 @@ impl Sender<'_> {
     }
 
     fn start_one(&self, r: &Outgoing) -> Started {
-        let producer = self.producers.for_target(&r.topic, r.partition);
-        match producer.send_result(future_record(r)) {
+        match self.producer.send_result(future_record(r)) {
             Ok(delivery) => Started::Queued(delivery),
             Err((e, _)) => Started::NotQueued(e),
         }

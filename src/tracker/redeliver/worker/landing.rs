@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rdkafka::producer::FutureProducer;
+
 use super::{
     build_copy, copies_of, end_markers, home_topic, lock, Origin, Origins, Parked, PassGuard,
     PassTiming, Pending, MAX_PARK,
@@ -36,7 +38,6 @@ use crate::tracker::metrics::work::{DeadLettered, DeadlineLag, DeliveryParked, R
 use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::ender::Ender;
 use crate::tracker::redeliver::outgoing::{Outgoing, Sender, Started};
-use crate::tracker::redeliver::producers::Producers;
 
 /// Passes whose copies may be on their way before the worker waits for the oldest: enough to
 /// overlap a slow round trip with the next few passes, few enough that a stuck broker holds
@@ -70,16 +71,16 @@ impl Landing {
     /// Starts the thread. `parked` is shared with the worker, which retries what is parked.
     pub(super) fn start(
         config: Arc<TrackerConfig>,
-        producers: Producers,
+        producer: FutureProducer,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
         parked: Arc<Mutex<Vec<Parked>>>,
     ) -> std::io::Result<Self> {
-        let ender = Ender::start(producers.clone(), metrics.clone(), stop.clone(), fence)?;
+        let ender = Ender::start(producer.clone(), metrics.clone(), stop.clone(), fence)?;
         let lander = Lander {
             config,
-            producers,
+            producer,
             metrics,
             stop,
             parked,
@@ -126,7 +127,7 @@ impl Drop for Landing {
 /// What the landing thread owns.
 struct Lander {
     config: Arc<TrackerConfig>,
-    producers: Producers,
+    producer: FutureProducer,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     parked: Arc<Mutex<Vec<Parked>>>,
@@ -145,7 +146,7 @@ impl Lander {
 
     fn sender(&self) -> Sender<'_> {
         Sender {
-            producers: &self.producers,
+            producer: &self.producer,
             metrics: &self.metrics,
             stop: &self.stop,
         }

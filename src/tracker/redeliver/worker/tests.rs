@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
+use rdkafka::producer::{DefaultProducerContext, FutureRecord};
 use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -59,7 +59,7 @@ impl Rig {
         let metrics = Metrics::new();
         let worker = Redeliverer::new(
             config,
-            Producers::one(producer),
+            producer,
             metrics.clone(),
             Arc::new(AtomicBool::new(false)),
             fence.clone(),
