@@ -1,4 +1,7 @@
-//! librdkafka settings shared by the client library and the tracker.
+//! librdkafka settings shared by the client library and the tracker, and the producer they
+//! both use ([`producer::QuietProducer`]).
+
+pub(crate) mod producer;
 
 /// Settings of every producer that writes markers or copies: idempotent, acknowledged by all
 /// in-sync replicas, retried by librdkafka without reordering. A marker or copy that this

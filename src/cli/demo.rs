@@ -9,10 +9,11 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::kafka::producer::QuietProducer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::ClientConfig;
 
 use crate::client::{ConsumerConfig, Delivery, RedeliveryConsumer};
@@ -131,7 +132,7 @@ async fn demo(args: &DemoArgs) -> Result<bool, Box<dyn std::error::Error>> {
 }
 
 async fn produce(brokers: &str, n: usize) -> Result<(), rdkafka::error::KafkaError> {
-    let producer: FutureProducer = ClientConfig::new()
+    let producer: QuietProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .create()?;
     let sends = (0..n).map(|i| {
@@ -145,7 +146,6 @@ async fn produce(brokers: &str, n: usize) -> Result<(), rdkafka::error::KafkaErr
                     Duration::from_secs(10),
                 )
                 .await
-                .map_err(|(e, _)| e)
         }
     });
     for r in futures::future::join_all(sends).await {

@@ -10,9 +10,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::kafka::producer::QuietProducer;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::headers::{self, HeaderList};
@@ -140,7 +141,7 @@ pub async fn run(args: &RedriveArgs) -> Result<Report, RedriveError> {
 
 /// The consumer of the dead-letter topic (its own group, committing by hand) and a durable
 /// producer for the records sent back.
-fn clients(args: &RedriveArgs) -> Result<(BaseConsumer, FutureProducer), RedriveError> {
+fn clients(args: &RedriveArgs) -> Result<(BaseConsumer, QuietProducer), RedriveError> {
     let group = args
         .group_id
         .clone()
@@ -157,7 +158,7 @@ fn clients(args: &RedriveArgs) -> Result<(BaseConsumer, FutureProducer), Redrive
     )
     .create()
     .map_err(kafka("creating the consumer"))?;
-    let producer: FutureProducer = crate::kafka::client_config(
+    let producer: QuietProducer = crate::kafka::client_config(
         &args.brokers,
         &crate::kafka::DURABLE_PRODUCER,
         &args.rdkafka,
@@ -197,7 +198,7 @@ fn start_positions(
 /// Sends one record back; returns whether it passed the filters.
 async fn redrive_one(
     args: &RedriveArgs,
-    producer: &FutureProducer,
+    producer: &QuietProducer,
     m: &OwnedMessage,
 ) -> Result<bool, RedriveError> {
     let hs = headers::from_kafka(m.headers());
@@ -222,7 +223,6 @@ async fn redrive_one(
     producer
         .send(record, Duration::from_secs(30))
         .await
-        .map_err(|(e, _)| e)
         .map_err(kafka("producing a redriven record"))?;
     Ok(true)
 }

@@ -43,8 +43,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::kafka::producer::QuietProducer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::FutureProducer;
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
@@ -129,13 +129,13 @@ impl RedeliveryConsumer {
             .map_err(kafka("creating the consumer"))?;
         let partitions = markers_partitions(&consumer, &config.markers_topic)?;
         broker_check::check(&config)?;
-        let producer: FutureProducer = config
+        let producer: QuietProducer = config
             .client_config(&crate::kafka::DURABLE_PRODUCER)
             .create()
             .map_err(kafka("creating the markers producer"))?;
         // Starts hold back their batch's handout; settlements do not. Each has its producer,
         // so a Start never lingers for settlements' sake (`kafka::start_producer`).
-        let start_producer: FutureProducer = config
+        let start_producer: QuietProducer = config
             .client_config(&crate::kafka::start_producer())
             .create()
             .map_err(kafka("creating the Start markers producer"))?;

@@ -14,10 +14,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::kafka::producer::QuietProducer;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::BaseConsumer;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 
 use crate::events::{Event, EventBus, EventKind};
 use crate::headers;
@@ -205,7 +206,7 @@ pub struct Scheduler {
 
 struct Inner {
     config: SchedulerConfig,
-    producer: FutureProducer,
+    producer: QuietProducer,
     partitions: i32,
     /// `None`: the markers topic keeps records forever.
     retention: Option<Duration>,
@@ -234,7 +235,7 @@ impl Scheduler {
                 why: format!("metadata lookup failed: {e}"),
             })??;
         let retention = markers_retention(&config).await?;
-        let producer: FutureProducer = config
+        let producer: QuietProducer = config
             .client_config(&crate::kafka::DURABLE_PRODUCER)
             .create()
             .map_err(kafka("creating the schedule producer"))?;
@@ -340,7 +341,7 @@ impl Scheduler {
                 });
                 Ok(id)
             }
-            Err((error, _)) => Err(ClientError::Marker {
+            Err(error) => Err(ClientError::Marker {
                 marker: "schedule",
                 record: SourceRef::new(target, -1, -1),
                 error,
@@ -381,7 +382,7 @@ impl Scheduler {
                 Duration::from_secs(30),
             )
             .await
-            .map_err(|(error, _)| ClientError::Marker {
+            .map_err(|error| ClientError::Marker {
                 marker: "end",
                 record: source,
                 error,

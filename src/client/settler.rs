@@ -9,9 +9,9 @@ use std::sync::{Condvar, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::kafka::producer::{DeliveryFuture, QuietProducer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
-use rdkafka::util::Timeout;
+use rdkafka::producer::FutureRecord;
 
 use crate::events::EventBus;
 use crate::marker::{encode, markers_partition, Marker, SourceRef};
@@ -22,13 +22,13 @@ use super::error::ClientError;
 /// Writes markers to the markers partition of their source partition.
 #[derive(Clone)]
 pub(crate) struct MarkerWriter {
-    producer: FutureProducer,
+    producer: QuietProducer,
     markers_topic: String,
     markers_partitions: i32,
 }
 
 impl MarkerWriter {
-    pub(crate) fn new(producer: FutureProducer, markers_topic: String, partitions: i32) -> Self {
+    pub(crate) fn new(producer: QuietProducer, markers_topic: String, partitions: i32) -> Self {
         MarkerWriter {
             producer,
             markers_topic,
@@ -49,9 +49,9 @@ impl MarkerWriter {
             match self.producer.send_result(record) {
                 Ok(f) => return Ok(f),
                 Err((e, _)) if is_queue_full(&e) => {
-                    // librdkafka's queue is full: let it drain. Bounded by the delivery timeout.
-                    self.producer
-                        .poll(Timeout::After(Duration::from_millis(10)));
+                    // librdkafka's queue is full: let the report thread drain it, as a poll
+                    // here used to. Bounded by the delivery timeout.
+                    std::thread::sleep(Duration::from_millis(10));
                 }
                 Err((e, _)) => return Err(e),
             }

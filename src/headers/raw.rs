@@ -1,6 +1,7 @@
 //! Reading and writing librdkafka headers byte for byte.
 //!
-//! One of the two places this crate uses `unsafe` (the other is `tracker/memory.rs`), for a
+//! One of the three places this crate uses `unsafe` (with `tracker/memory.rs` and
+//! `kafka/producer.rs`), for a
 //! measured need: rdkafka 0.39 exposes header names only as `&str` and unwraps the UTF-8
 //! check (`CStr::to_str().unwrap()` in `BorrowedHeaders::try_get`), so a record whose header
 //! name is not UTF-8 panics the thread that reads it. Seen: the client's poll thread died on

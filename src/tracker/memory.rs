@@ -61,8 +61,8 @@ pub(crate) fn give_back() -> (Option<u64>, Option<u64>) {
     (before, resident_bytes())
 }
 
-// This file holds one of the two places this crate uses `unsafe` (the other reads raw header
-// bytes, headers/raw.rs): calls into the C library that no safe crate wraps, here and in
+// This file holds one of the three places this crate uses `unsafe` (the others read raw
+// header bytes, headers/raw.rs, and wait on a producer's queue, kafka/producer.rs): calls into the C library that no safe crate wraps, here and in
 // `set_arena_max`.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]

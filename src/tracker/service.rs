@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
+use crate::kafka::producer::QuietProducer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::oneshot;
 
 use crate::tracker::config::TrackerConfig;
@@ -136,7 +136,7 @@ impl Tracker {
         // lingering would only add to every pass; batching comes from the pass itself.
         let mut settings = crate::kafka::DURABLE_PRODUCER.to_vec();
         settings.push(("linger.ms", "0"));
-        let producer: FutureProducer = self
+        let producer: QuietProducer = self
             .config
             .client_config(&settings)
             .create()
@@ -277,7 +277,7 @@ impl Threads {
 /// The snapshots topic if snapshots are on and the topic can take them: it exists and has a
 /// partition for every markers partition. Otherwise snapshots are off, with a warning: the
 /// tracker works as before, and a restart replays from the oldest item in flight.
-fn snapshots_topic(producer: &FutureProducer, config: &TrackerConfig) -> Option<String> {
+fn snapshots_topic(producer: &QuietProducer, config: &TrackerConfig) -> Option<String> {
     let topic = config.snapshots_topic.clone()?;
     if config.snapshot_after_markers == 0 {
         return None;

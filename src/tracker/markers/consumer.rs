@@ -14,11 +14,12 @@ use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::kafka::producer::{DeliveryFuture, QuietProducer};
 use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use crate::marker::{decode, encode, Marker, SourceRef};
@@ -323,7 +324,7 @@ fn drain<R>(
 /// The poll loop and what it needs.
 pub(crate) struct MarkersLoop {
     pub(crate) consumer: BaseConsumer<TrackerContext>,
-    pub(crate) producer: FutureProducer,
+    pub(crate) producer: QuietProducer,
     pub(crate) config: Arc<TrackerConfig>,
     pub(crate) metrics: Metrics,
     pub(crate) jobs: SyncSender<Job>,

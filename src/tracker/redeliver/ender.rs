@@ -15,7 +15,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use rdkafka::producer::FutureProducer;
+use crate::kafka::producer::QuietProducer;
 
 use crate::tracker::core::fence::Fence;
 use crate::tracker::metrics::Metrics;
@@ -41,7 +41,7 @@ pub(crate) struct Ender {
 impl Ender {
     /// Starts the thread; it writes with `producer`, retrying as [`Sender`] does until a stop.
     pub(crate) fn start(
-        producer: FutureProducer,
+        producer: QuietProducer,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
@@ -96,7 +96,7 @@ impl Drop for Ender {
 /// produces) until the worker drops its handle.
 fn write_loop(
     passes: &Receiver<Ends>,
-    producer: &FutureProducer,
+    producer: &QuietProducer,
     metrics: &Metrics,
     stop: &AtomicBool,
     fence: &Fence,

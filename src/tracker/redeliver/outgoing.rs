@@ -10,10 +10,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::kafka::producer::{DeliveryFuture, QuietProducer};
 use futures::executor::block_on;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::types::RDKafkaErrorCode;
 
 use crate::headers::{self, HeaderList};
@@ -103,7 +104,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Sends records and waits until each is durable or refused for good.
 pub struct Sender<'a> {
     /// The idempotent, `acks=all` producer.
-    pub producer: &'a FutureProducer,
+    pub producer: &'a QuietProducer,
     /// Where failures are logged and counted.
     pub metrics: &'a Metrics,
     /// Set when the tracker stops; retrying ends then.

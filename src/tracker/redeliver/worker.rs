@@ -23,8 +23,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::kafka::producer::QuietProducer;
 use rdkafka::message::{Message, OwnedMessage};
-use rdkafka::producer::FutureProducer;
 
 use crate::headers;
 use crate::marker::SourceRef;
@@ -98,7 +98,7 @@ struct Parked {
 pub struct Redeliverer {
     config: Arc<TrackerConfig>,
     reader: SourceReader,
-    producer: FutureProducer,
+    producer: QuietProducer,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     /// Which partitions this tracker still owns: work for any other is dropped.
@@ -123,7 +123,7 @@ impl Redeliverer {
     /// Creates the worker's clients.
     pub fn new(
         config: Arc<TrackerConfig>,
-        producer: FutureProducer,
+        producer: QuietProducer,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,

@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use crate::kafka::producer::QuietProducer;
 use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::producer::FutureProducer;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::tracker::config::TrackerConfig;
@@ -109,7 +109,7 @@ pub fn maybe_start(
     p: &mut OwnedPartition,
     config: &TrackerConfig,
     snapshots_topic: &str,
-    producer: &FutureProducer,
+    producer: &QuietProducer,
     metrics: &Metrics,
     now: Instant,
     oldest: i64,

@@ -10,10 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::kafka::producer::{DeliveryFuture, QuietProducer};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::tracker::config::TrackerConfig;
@@ -97,7 +98,7 @@ impl std::fmt::Debug for InFlight {
 
 /// Queues the chunks of a snapshot of markers partition `partition`.
 pub fn write(
-    producer: &FutureProducer,
+    producer: &QuietProducer,
     topic: &str,
     partition: i32,
     epoch: u64,

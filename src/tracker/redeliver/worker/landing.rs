@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::FutureProducer;
+use crate::kafka::producer::QuietProducer;
 
 use super::{
     build_copy, copies_of, end_markers, home_topic, lock, Origin, Origins, Parked, PassGuard,
@@ -71,7 +71,7 @@ impl Landing {
     /// Starts the thread. `parked` is shared with the worker, which retries what is parked.
     pub(super) fn start(
         config: Arc<TrackerConfig>,
-        producer: FutureProducer,
+        producer: QuietProducer,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
@@ -127,7 +127,7 @@ impl Drop for Landing {
 /// What the landing thread owns.
 struct Lander {
     config: Arc<TrackerConfig>,
-    producer: FutureProducer,
+    producer: QuietProducer,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     parked: Arc<Mutex<Vec<Parked>>>,

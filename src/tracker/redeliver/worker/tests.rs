@@ -9,7 +9,6 @@ use std::thread::JoinHandle;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureRecord};
-use rdkafka::util::Timeout;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
@@ -35,7 +34,7 @@ impl Rig {
         let mut config = TrackerConfig::new(mock.bootstrap_servers(), "m");
         config.max_deliveries = max_deliveries;
         let config = Arc::new(config);
-        let producer: FutureProducer = config
+        let producer: QuietProducer = config
             .client_config(&crate::kafka::DURABLE_PRODUCER)
             .create()
             .unwrap();
@@ -51,7 +50,7 @@ impl Rig {
                             value: Some("1"),
                         },
                     )),
-                Timeout::After(Duration::from_secs(10)),
+                Duration::from_secs(10),
             )
             .await
             .unwrap();
