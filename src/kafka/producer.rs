@@ -6,7 +6,8 @@
 //! timeout of 0, again and again, until it has passed. Every idle producer so spins about 1 %
 //! of a core: measured from `/proc` per thread, an idle worker of `examples/worker` spent 30 of
 //! its 33 ticks per 20 s in its two producer threads, and each producer added to an idle
-//! tracker's ticks (BENCHMARKS.md, "Copies over more than one connection").
+//! tracker's ticks (BENCHMARKS.md, "Copies over more than one connection"; with this
+//! producer, 1–2 ticks for either: "Producers that sleep while idle").
 //!
 //! Here librdkafka itself says when there is something to serve: its main queue writes a byte
 //! to a socket when it gets an event after the last poll (`rd_kafka_queue_io_event_enable`).

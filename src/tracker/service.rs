@@ -19,6 +19,7 @@ use crate::tracker::markers::group_offsets::GroupOffsets;
 use crate::tracker::memory;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::readiness::Readiness;
+use crate::tracker::redeliver::producers::Producers;
 use crate::tracker::redeliver::read_ahead;
 use crate::tracker::redeliver::worker::Redeliverer;
 use crate::tracker::snapshot::restorer::Restorer;
@@ -136,13 +137,9 @@ impl Tracker {
         // lingering would only add to every pass; batching comes from the pass itself.
         let mut settings = crate::kafka::DURABLE_PRODUCER.to_vec();
         settings.push(("linger.ms", "0"));
-        let producer: QuietProducer = self
-            .config
-            .client_config(&settings)
-            .create()
-            .map_err(TrackerError::kafka("creating the producer"))?;
+        let producers = Producers::create(&self.config, &settings)?;
         let snapshots = {
-            let (producer, config) = (producer.clone(), self.config.clone());
+            let (producer, config) = (producers.first().clone(), self.config.clone());
             tokio::task::spawn_blocking(move || snapshots_topic(&producer, &config))
                 .await
                 .map_err(|e| TrackerError::Thread(e.to_string()))?
@@ -159,7 +156,7 @@ impl Tracker {
                 .map_or((None, None), |(h, c)| (Some(h), Some(c)));
         let worker = Redeliverer::new(
             self.config.clone(),
-            producer.clone(),
+            producers.clone(),
             self.metrics.clone(),
             stop_worker.clone(),
             fence,
@@ -173,7 +170,7 @@ impl Tracker {
         let worker = spawn_thread("redeliverer", move || worker.run(job_rx, &worker_queued))?;
         let markers = MarkersLoop {
             consumer,
-            producer,
+            producers,
             config: self.config.clone(),
             metrics: self.metrics.clone(),
             jobs,

@@ -14,7 +14,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::kafka::producer::{DeliveryFuture, QuietProducer};
+use crate::kafka::producer::DeliveryFuture;
 use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
@@ -39,6 +39,7 @@ use crate::tracker::metrics::progress::{CommitFinished, RestoreFailed};
 use crate::tracker::metrics::work::{HeldForGroup, ProduceFailed};
 use crate::tracker::metrics::Metrics;
 use crate::tracker::metrics::Problem;
+use crate::tracker::redeliver::producers::Producers;
 use crate::tracker::redeliver::read_ahead::Hints;
 use crate::tracker::redeliver::worker::Job;
 use crate::tracker::snapshot::policy;
@@ -324,7 +325,7 @@ fn drain<R>(
 /// The poll loop and what it needs.
 pub(crate) struct MarkersLoop {
     pub(crate) consumer: BaseConsumer<TrackerContext>,
-    pub(crate) producer: QuietProducer,
+    pub(crate) producers: Producers,
     pub(crate) config: Arc<TrackerConfig>,
     pub(crate) metrics: Metrics,
     pub(crate) jobs: SyncSender<Job>,
@@ -588,7 +589,12 @@ impl MarkersLoop {
         let record = FutureRecord::<(), _>::to(&self.config.markers_topic)
             .partition(id)
             .payload(&payload);
-        match self.producer.send_result(record) {
+        // Through the producer the worker writes this partition's Ends with, so a Tick and the
+        // Ends before it reach the partition in the order they were written, as with one.
+        let producer = self
+            .producers
+            .for_target(&self.config.markers_topic, Some(id));
+        match producer.send_result(record) {
             Ok(f) => pending.push(f),
             Err((e, _)) => self.metrics.emit(ProduceFailed {
                 what: "tick",
@@ -684,7 +690,7 @@ impl MarkersLoop {
                     p,
                     &self.config,
                     topic,
-                    &self.producer,
+                    self.producers.first(),
                     &self.metrics,
                     now,
                     oldest,

@@ -15,11 +15,10 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crate::kafka::producer::QuietProducer;
-
 use crate::tracker::core::fence::Fence;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::outgoing::{Outgoing, Sender};
+use crate::tracker::redeliver::producers::Producers;
 
 /// Passes whose Ends may wait for the thread before the worker itself waits: enough to keep
 /// it busy, few enough that a stuck broker holds the worker back soon.
@@ -39,9 +38,9 @@ pub(crate) struct Ender {
 }
 
 impl Ender {
-    /// Starts the thread; it writes with `producer`, retrying as [`Sender`] does until a stop.
+    /// Starts the thread; it writes with `producers`, retrying as [`Sender`] does until a stop.
     pub(crate) fn start(
-        producer: QuietProducer,
+        producers: Producers,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
@@ -50,7 +49,7 @@ impl Ender {
         let done = fence.clone();
         let thread = std::thread::Builder::new()
             .name("tracker-ends".into())
-            .spawn(move || write_loop(&passes, &producer, &metrics, &stop, &done))?;
+            .spawn(move || write_loop(&passes, &producers, &metrics, &stop, &done))?;
         Ok(Ender {
             queue: Some(queue),
             thread: Some(thread),
@@ -96,13 +95,13 @@ impl Drop for Ender {
 /// produces) until the worker drops its handle.
 fn write_loop(
     passes: &Receiver<Ends>,
-    producer: &QuietProducer,
+    producers: &Producers,
     metrics: &Metrics,
     stop: &AtomicBool,
     fence: &Fence,
 ) {
     let sender = Sender {
-        producer,
+        producers,
         metrics,
         stop,
     };

@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::kafka::producer::{DeliveryFuture, QuietProducer};
+use crate::kafka::producer::DeliveryFuture;
 use futures::executor::block_on;
 use futures::future::join_all;
 use rdkafka::error::KafkaError;
@@ -22,6 +22,7 @@ use crate::marker::{encode, Marker, Settle, SourceRef};
 
 use crate::tracker::metrics::work::{ProduceFailed, ProduceRefused};
 use crate::tracker::metrics::Metrics;
+use crate::tracker::redeliver::producers::Producers;
 
 /// A record to produce, owned so it can be retried.
 #[derive(Debug, Clone)]
@@ -103,8 +104,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Sends records and waits until each is durable or refused for good.
 pub struct Sender<'a> {
-    /// The idempotent, `acks=all` producer.
-    pub producer: &'a QuietProducer,
+    /// The idempotent, `acks=all` producers (`producers.rs`).
+    pub producers: &'a Producers,
     /// Where failures are logged and counted.
     pub metrics: &'a Metrics,
     /// Set when the tracker stops; retrying ends then.
@@ -134,7 +135,8 @@ impl Sender<'_> {
     }
 
     fn start_one(&self, r: &Outgoing) -> Started {
-        match self.producer.send_result(future_record(r)) {
+        let producer = self.producers.for_target(&r.topic, r.partition);
+        match producer.send_result(future_record(r)) {
             Ok(delivery) => Started::Queued(delivery),
             Err((e, _)) => Started::NotQueued(e),
         }

@@ -23,7 +23,6 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::kafka::producer::QuietProducer;
 use rdkafka::message::{Message, OwnedMessage};
 
 use crate::headers;
@@ -39,6 +38,7 @@ use crate::tracker::core::fence::Fence;
 use crate::tracker::core::state::Expiry;
 use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::outgoing::{end_marker, settle_ends_marker, Outgoing, Sender};
+use crate::tracker::redeliver::producers::Producers;
 use crate::tracker::redeliver::published_check::already_published;
 use crate::tracker::redeliver::read_ahead::ReadAheadCache;
 use crate::tracker::redeliver::scheduled::unpack;
@@ -94,11 +94,11 @@ struct Parked {
     retry_at: Instant,
 }
 
-/// Owns the source reader and a producer; see the module docs.
+/// Owns the source reader and the producers; see the module docs.
 pub struct Redeliverer {
     config: Arc<TrackerConfig>,
     reader: SourceReader,
-    producer: QuietProducer,
+    producers: Producers,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     /// Which partitions this tracker still owns: work for any other is dropped.
@@ -123,7 +123,7 @@ impl Redeliverer {
     /// Creates the worker's clients.
     pub fn new(
         config: Arc<TrackerConfig>,
-        producer: QuietProducer,
+        producers: Producers,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
@@ -132,7 +132,7 @@ impl Redeliverer {
         let parked = Arc::new(Mutex::new(Vec::new()));
         let landing = Landing::start(
             config.clone(),
-            producer.clone(),
+            producers.clone(),
             metrics.clone(),
             stop.clone(),
             fence.clone(),
@@ -145,7 +145,7 @@ impl Redeliverer {
             reader: SourceReader::new(&config, &metrics)?,
             landing,
             config,
-            producer,
+            producers,
             metrics,
             stop,
             fence,
@@ -235,7 +235,7 @@ impl Redeliverer {
 
     fn sender(&self) -> Sender<'_> {
         Sender {
-            producer: &self.producer,
+            producers: &self.producers,
             metrics: &self.metrics,
             stop: &self.stop,
         }

@@ -22,8 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::kafka::producer::QuietProducer;
-
 use super::{
     build_copy, copies_of, end_markers, home_topic, lock, Origin, Origins, Parked, PassGuard,
     PassTiming, Pending, MAX_PARK,
@@ -38,6 +36,7 @@ use crate::tracker::metrics::work::{DeadLettered, DeadlineLag, DeliveryParked, R
 use crate::tracker::metrics::Metrics;
 use crate::tracker::redeliver::ender::Ender;
 use crate::tracker::redeliver::outgoing::{Outgoing, Sender, Started};
+use crate::tracker::redeliver::producers::Producers;
 
 /// Passes whose copies may be on their way before the worker waits for the oldest: enough to
 /// overlap a slow round trip with the next few passes, few enough that a stuck broker holds
@@ -71,16 +70,16 @@ impl Landing {
     /// Starts the thread. `parked` is shared with the worker, which retries what is parked.
     pub(super) fn start(
         config: Arc<TrackerConfig>,
-        producer: QuietProducer,
+        producers: Producers,
         metrics: Metrics,
         stop: Arc<AtomicBool>,
         fence: Arc<Fence>,
         parked: Arc<Mutex<Vec<Parked>>>,
     ) -> std::io::Result<Self> {
-        let ender = Ender::start(producer.clone(), metrics.clone(), stop.clone(), fence)?;
+        let ender = Ender::start(producers.clone(), metrics.clone(), stop.clone(), fence)?;
         let lander = Lander {
             config,
-            producer,
+            producers,
             metrics,
             stop,
             parked,
@@ -127,7 +126,7 @@ impl Drop for Landing {
 /// What the landing thread owns.
 struct Lander {
     config: Arc<TrackerConfig>,
-    producer: QuietProducer,
+    producers: Producers,
     metrics: Metrics,
     stop: Arc<AtomicBool>,
     parked: Arc<Mutex<Vec<Parked>>>,
@@ -146,7 +145,7 @@ impl Lander {
 
     fn sender(&self) -> Sender<'_> {
         Sender {
-            producer: &self.producer,
+            producers: &self.producers,
             metrics: &self.metrics,
             stop: &self.stop,
         }

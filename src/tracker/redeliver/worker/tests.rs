@@ -12,6 +12,7 @@ use rdkafka::producer::{DefaultProducerContext, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::*;
+use crate::kafka::producer::QuietProducer;
 use crate::marker::{decode, Marker};
 use crate::tracker::core::state::Cause;
 
@@ -58,7 +59,7 @@ impl Rig {
         let metrics = Metrics::new();
         let worker = Redeliverer::new(
             config,
-            producer,
+            Producers::one(producer),
             metrics.clone(),
             Arc::new(AtomicBool::new(false)),
             fence.clone(),
