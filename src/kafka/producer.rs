@@ -73,13 +73,17 @@ impl QuietProducer {
             .map_err(|e| creation(&e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
         queue.wake_on(&theirs);
-        let serving = {
+        let spawned = {
             let (base, queue, stop) = (base.clone(), queue.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("producer reports".into())
                 .spawn(move || serve(&base, &queue, ours, &stop, idle_wait))
-                .map_err(|e| creation(&e.to_string()))?
         };
+        let serving = spawned.map_err(|e| {
+            // The socket closes on return; librdkafka must not write to its number after.
+            queue.quiet();
+            creation(&e.to_string())
+        })?;
         Ok(QuietProducer {
             inner: Arc::new(Inner {
                 serving: Mutex::new(Some(serving)),
@@ -224,13 +228,14 @@ fn serve(
             return;
         }
         match wake.read(&mut bytes) {
-            Ok(_) => {}
+            Ok(n) if n > 0 => {}
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => {
-                // Cannot happen while `Inner` holds the other end; if it does, the thread
-                // still serves reports, a safety-net sleep apart.
-                tracing::warn!(error = %e, "the producer's wake-up socket failed");
+            failed => {
+                // Neither an error nor the end of the stream (`Ok(0)`, which would otherwise
+                // return at once, again and again) can happen while `Inner` holds the other
+                // end; if one does, the thread still serves reports, a safety-net sleep apart.
+                tracing::warn!(read = ?failed, "the producer's wake-up socket failed");
                 std::thread::sleep(idle_wait);
             }
         }
