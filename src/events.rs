@@ -33,7 +33,7 @@ pub enum EventKind {
     Scheduled,
     /// A scheduled record fell due and was published to its target topic (tracker).
     Ready,
-    /// A record was handed to the application (consumer); `attempt` says which delivery.
+    /// A record was made ready for the application (consumer); `attempt` says which delivery.
     Delivered,
     /// The application acked it; the End marker is durable (consumer).
     Acked,
@@ -45,6 +45,9 @@ pub enum EventKind {
     DeadLettered,
     /// A pending schedule was cancelled (scheduler: End written; tracker: End read in time).
     Cancelled,
+    /// A delivery's timeout passed while it waited in the consumer for the application to
+    /// take it, so it was not handed over; the tracker redelivers the record (consumer).
+    Expired,
 }
 
 impl EventKind {
@@ -59,6 +62,7 @@ impl EventKind {
             EventKind::Retried => "retried",
             EventKind::DeadLettered => "dead_lettered",
             EventKind::Cancelled => "cancelled",
+            EventKind::Expired => "expired",
         }
     }
 }

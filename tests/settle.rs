@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kafka_redelivery::client::{ConsumerConfig, Delivery, RedeliveryConsumer};
+use kafka_redelivery::events::{Event, EventKind};
 use kafka_redelivery::headers;
 use kafka_redelivery::marker::SourceRef;
 
@@ -333,6 +334,55 @@ async fn auto_keep_alive_holds_a_delivery_while_the_handle_lives() {
     );
     d.ack().await.unwrap();
     assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 0.0);
+    tracker.stop().await;
+}
+
+/// Waits for `n` events of `kind` from `events`, a minute at most.
+async fn events_of(
+    events: &mut tokio::sync::broadcast::Receiver<Event>,
+    kind: EventKind,
+    n: usize,
+) -> Vec<Event> {
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Ok(e)) if e.kind == kind => seen.push(e),
+            Ok(Ok(_)) => {}
+            other => panic!("{} {kind:?} events of {n}, then {other:?}", seen.len()),
+        }
+    }
+    seen
+}
+
+/// Deliveries whose timeout passes while they wait in the client for the application are not
+/// handed out: the tracker redelivers them, so the application gets each record once, as its
+/// copy, instead of twice. They are counted and announced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_that_time_out_before_the_application_takes_them_are_not_handed_out() {
+    let t = topics(1, 1).await;
+    let tracker = TrackerGuard::start(tracker_config(&t, 5));
+    let mut c = consumer(&t, Duration::from_secs(1)).await;
+    let mut events = c.events();
+    produce_many(&t.source, 1, "e", 5).await;
+    tracker.wait_ready().await;
+    // In the client, waiting for the application; then past their timeout.
+    events_of(&mut events, EventKind::Delivered, 5).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut copies = std::collections::BTreeSet::new();
+    while copies.len() < 5 {
+        let d = next_delivery(&mut c, "copy").await;
+        assert_eq!(d.attempt(), 2, "an expired original was handed out: {d:?}");
+        copies.insert(d.original().unwrap().offset);
+        d.ack().await.unwrap();
+    }
+    assert_eq!(copies.len(), 5);
+    assert_eq!(c.expired_before_handout(), 5);
+    let expired = events_of(&mut events, EventKind::Expired, 5).await;
+    assert!(expired.iter().all(|e| e.attempt == 1));
+    assert!(c.recv_timeout(Duration::from_secs(2)).await.is_none());
+    assert_eq!(tracker.metric_sum("redelivery_redelivered_total"), 5.0);
     tracker.stop().await;
 }
 

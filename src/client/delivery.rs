@@ -1,7 +1,7 @@
 //! A record handed to the application, to be settled exactly once.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::events::{Event, EventKind};
 use crate::headers::HeaderList;
@@ -50,6 +50,11 @@ pub struct Delivery {
     pub(crate) attempt: u32,
     pub(crate) original: Option<SourceRef>,
     pub(crate) timeout: Duration,
+    /// When the tracker may redeliver it, by this process's clock: when its Start was sent,
+    /// plus its timeout (`None` past what an `Instant` holds). The tracker counts from the
+    /// Start's broker timestamp, a little later, so a delivery found expired here is surely
+    /// due there too: `recv` does not hand it out (see `RedeliveryConsumer::recv`).
+    pub(crate) expires: Option<Instant>,
     pub(crate) settler: Arc<Settler>,
     pub(crate) retry: Arc<RetryPolicy>,
     pub(crate) settled: bool,
@@ -244,9 +249,12 @@ impl Delivery {
         let source = self.source.clone();
         let timeout_ms = duration_to_ms_u32(self.timeout);
         let every = (self.timeout / 3).max(Duration::from_millis(10));
+        let left = self
+            .expires
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        let first = first_keep_alive(every, left);
         let task = rt.spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.tick().await;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + first, every);
             loop {
                 tick.tick().await;
                 let op = Op::KeepAlive(timeout_ms);
@@ -263,6 +271,19 @@ impl Delivery {
     /// frees the delivery's place under the unsettled bound. Prefer [`nack`](Self::nack); this
     /// exists for workers that must not block on Kafka (and for fault tests).
     pub fn abandon(mut self) {
+        self.finish();
+    }
+
+    /// Whether its deadline passed by `now`: the tracker redelivers it, or is about to.
+    pub(crate) fn expired(&self, now: Instant) -> bool {
+        self.expires.is_some_and(|at| now >= at)
+    }
+
+    /// Lets go of a delivery whose deadline passed before the application took it. No marker
+    /// is written: the tracker's copy is its next delivery. Counted, and its place under the
+    /// bound freed.
+    pub(crate) fn expire(mut self) {
+        self.settler.expired(&self.source, self.attempt);
         self.finish();
     }
 
@@ -287,6 +308,14 @@ impl Drop for Delivery {
         self.settler.settle_detached(&self.source, Op::Nack(0));
         self.finish();
     }
+}
+
+/// When the first automatic keep-alive goes out, `every` being the time between two and
+/// `left` what is left before the deadline. A delivery that waited in the client before the
+/// application took it has less than its timeout left, maybe less than `every`: then the first
+/// goes out once half of what is left has passed.
+fn first_keep_alive(every: Duration, left: Option<Duration>) -> Duration {
+    left.map_or(every, |left| every.min(left / 2))
 }
 
 #[cfg(test)]
@@ -376,6 +405,22 @@ mod tests {
         Arc::new(Settler::new(writer.clone(), writer, Some(coalescer)))
     }
 
+    /// A delivery taken with less than a third of its timeout left is kept alive before its
+    /// deadline; one taken fresh, a third of its timeout on, as before.
+    #[test]
+    fn the_first_keep_alive_comes_before_the_deadline() {
+        let every = Duration::from_secs(10);
+        let ms = Duration::from_millis;
+        assert_eq!(first_keep_alive(every, None), every);
+        assert_eq!(first_keep_alive(every, Some(ms(30_000))), every);
+        assert_eq!(first_keep_alive(every, Some(ms(20_000))), every);
+        assert_eq!(first_keep_alive(every, Some(ms(6_000))), ms(3_000));
+        assert_eq!(
+            first_keep_alive(every, Some(Duration::ZERO)),
+            Duration::ZERO
+        );
+    }
+
     /// A delivery of `t`/0 at `offset`, handed out by `settler`.
     fn delivery(settler: &Arc<Settler>, offset: i64) -> Delivery {
         settler.handed_out();
@@ -387,6 +432,7 @@ mod tests {
             attempt: 1,
             original: None,
             timeout: Duration::from_secs(30),
+            expires: None,
             settler: settler.clone(),
             retry: Arc::new(RetryPolicy::default()),
             settled: false,

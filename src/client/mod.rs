@@ -41,7 +41,7 @@ mod settler;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::kafka::producer::QuietProducer;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -191,37 +191,73 @@ impl RedeliveryConsumer {
 
     /// The next delivery, or `None` once the consumer has stopped: closed, or its poll thread
     /// died ([`failure`](Self::failure) and [`close`](Self::close) then say why).
+    ///
+    /// A delivery whose timeout passed while it waited here for the application is not handed
+    /// out: the tracker redelivers its record, and handing it out too would deliver it twice.
+    /// It is counted ([`expired_before_handout`](Self::expired_before_handout)), announced
+    /// ([`EventKind::Expired`](crate::events::EventKind::Expired)) and logged.
     pub async fn recv(&mut self) -> Option<Delivery> {
-        if self.ready.as_slice().is_empty() {
-            // Cancel-safe: a batch is either still in the channel or already in `ready`.
-            self.ready = self.deliveries.recv().await?.into_iter();
+        let mut now = None;
+        loop {
+            if self.ready.as_slice().is_empty() {
+                // Cancel-safe: a batch is either still in the channel or already in `ready`.
+                self.ready = self.deliveries.recv().await?.into_iter();
+                now = None;
+            }
+            let Some(mut d) = self.ready.next() else {
+                continue;
+            };
+            // One clock reading per call and batch, whatever it skips.
+            if d.expired(*now.get_or_insert_with(Instant::now)) {
+                d.expire();
+                continue;
+            }
+            if self.auto_keep_alive {
+                // Started here, on the application's runtime; the poll thread has none.
+                d.auto_keep_alive();
+            }
+            return Some(d);
         }
-        let mut d = self.ready.next()?;
-        if self.auto_keep_alive {
-            // Started here, on the application's runtime; the poll thread has none.
-            d.auto_keep_alive();
-        }
-        Some(d)
     }
 
     /// Every delivery that is here already, at least one: the rest of the poll batch the
     /// last [`recv`](Self::recv) took from, or the next whole batch (up to
     /// [`ConsumerConfig::max_batch`] records). `None` once the consumer has stopped, as for
     /// `recv`. With [`Delivery::ack_many`], the cheap way to work in batches: one call and
-    /// one future per batch instead of one per record.
+    /// one future per batch instead of one per record. Deliveries that timed out while they
+    /// waited are left out, as in `recv`.
     pub async fn recv_batch(&mut self) -> Option<Vec<Delivery>> {
-        let mut batch: Vec<Delivery> = if self.ready.as_slice().is_empty() {
-            // Cancel-safe as `recv`: a batch is either still in the channel or returned.
-            self.deliveries.recv().await?
-        } else {
-            self.ready.by_ref().collect()
-        };
-        if self.auto_keep_alive {
-            for d in &mut batch {
-                d.auto_keep_alive();
+        loop {
+            let batch: Vec<Delivery> = if self.ready.as_slice().is_empty() {
+                // Cancel-safe as `recv`: a batch is either still in the channel or returned.
+                self.deliveries.recv().await?
+            } else {
+                self.ready.by_ref().collect()
+            };
+            let now = Instant::now();
+            let mut batch: Vec<Delivery> = match batch.iter().any(|d| d.expired(now)) {
+                false => batch,
+                true => batch
+                    .into_iter()
+                    .filter_map(|d| match d.expired(now) {
+                        true => {
+                            d.expire();
+                            None
+                        }
+                        false => Some(d),
+                    })
+                    .collect(),
+            };
+            if batch.is_empty() {
+                continue;
             }
+            if self.auto_keep_alive {
+                for d in &mut batch {
+                    d.auto_keep_alive();
+                }
+            }
+            return Some(batch);
         }
-        Some(batch)
     }
 
     /// The next delivery if one arrives within `timeout`.
@@ -243,6 +279,15 @@ impl RedeliveryConsumer {
     /// once per 10 s). See [`crate::headers::checked`].
     pub fn odd_headers(&self) -> u64 {
         self.settler.odd_header_count()
+    }
+
+    /// Deliveries whose timeout passed while they waited in this consumer for the application
+    /// to take them (`recv`, `recv_batch`): not handed out, since the tracker redelivers their
+    /// records. A count that grows says the application takes deliveries more slowly than they
+    /// time out: lower [`ConsumerConfig::max_unsettled`] or [`ConsumerConfig::max_batch`], or
+    /// raise the timeout.
+    pub fn expired_before_handout(&self) -> u64 {
+        self.settler.expired_before_handout.load(Ordering::Relaxed)
     }
 
     /// Records this consumer polled and started but did not hand out, because a rebalance could

@@ -159,6 +159,8 @@ struct InFlight {
     /// the time this batch is finished, the group settled since, and the revoked records'
     /// next owner may be reading them already.
     revoked_at: Option<u64>,
+    /// When its Starts were sent: each record's deadline counts from here (`Delivery::expires`).
+    started_at: Instant,
 }
 
 impl Poller {
@@ -444,6 +446,9 @@ impl Poller {
     /// source partition (version 2).
     fn start(&self, batch: Vec<Polled>) -> InFlight {
         failpoint::hit("after-poll");
+        // Read before the Starts go: the tracker's deadlines count from their broker
+        // timestamps, later still, so a delivery expired by this reading is due there too.
+        let started_at = Instant::now();
         let markers = match self.config.marker_format {
             MarkerFormat::V1 => batch
                 .iter()
@@ -485,6 +490,7 @@ impl Poller {
             rewound: Vec::new(),
             revoked: Vec::new(),
             revoked_at: None,
+            started_at,
         }
     }
 
@@ -497,6 +503,7 @@ impl Poller {
             rewound,
             revoked,
             revoked_at,
+            started_at,
             ..
         } = done;
         let (batch, durable, released) = without_revoked(batch, durable, &revoked);
@@ -587,7 +594,7 @@ impl Poller {
             .into_iter()
             .map(|p| {
                 self.settler.handed_out();
-                self.delivery(p)
+                self.delivery(p, started_at)
             })
             .collect();
         if !deliveries.is_empty() {
@@ -760,7 +767,7 @@ impl Poller {
         self.consumer.commit(&tpl, CommitMode::Sync)
     }
 
-    fn delivery(&self, p: Polled) -> Delivery {
+    fn delivery(&self, p: Polled, started_at: Instant) -> Delivery {
         let original = headers::original(&p.headers);
         self.settler
             .events
@@ -773,6 +780,7 @@ impl Poller {
             attempt: p.attempt,
             original,
             timeout: p.timeout,
+            expires: started_at.checked_add(p.timeout),
             settler: self.settler.clone(),
             retry: self.retry.clone(),
             settled: false,

@@ -13,7 +13,7 @@ use crate::kafka::producer::{DeliveryFuture, QuietProducer};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::FutureRecord;
 
-use crate::events::EventBus;
+use crate::events::{Event, EventBus, EventKind};
 use crate::marker::{encode, markers_partition, Marker, SourceRef};
 
 use super::coalesce::{Coalescer, Durable, Op};
@@ -80,6 +80,8 @@ pub(crate) struct Settler {
     /// Records started, not handed out for a rebalance's sake, and kept alive until the group
     /// settled (`lease.rs`).
     pub(crate) held_through_rebalances: AtomicU64,
+    /// Deliveries whose deadline passed before the application took them: not handed out.
+    pub(crate) expired_before_handout: AtomicU64,
     log_limit: crate::log_limit::LogLimit,
 }
 
@@ -99,6 +101,7 @@ impl Settler {
             events: EventBus::default(),
             odd_headers: AtomicU64::new(0),
             held_through_rebalances: AtomicU64::new(0),
+            expired_before_handout: AtomicU64::new(0),
             log_limit: Default::default(),
         }
     }
@@ -116,6 +119,26 @@ impl Settler {
                 headers = ?odd,
                 held_back,
                 "kr-* header out of its documented range: clamped or ignored (see the headers module)"
+            );
+        }
+    }
+
+    /// Counts a delivery of `source` whose deadline passed while it waited for the application,
+    /// announces it, and says so at most once per 10 s.
+    pub(crate) fn expired(&self, source: &SourceRef, attempt: u32) {
+        self.expired_before_handout.fetch_add(1, Ordering::Relaxed);
+        self.events
+            .emit(|| Event::new(EventKind::Expired, source.clone(), attempt));
+        if let Some(held_back) = self
+            .log_limit
+            .allow("expired_before_handout", std::time::Instant::now())
+        {
+            tracing::warn!(
+                %source,
+                held_back,
+                "a delivery's timeout passed before the application took it: not handed out, \
+                 the tracker redelivers it (the application takes deliveries more slowly than \
+                 they time out: lower max_unsettled or max_batch, or raise the timeout)"
             );
         }
     }

@@ -23,6 +23,7 @@ from conftest import (
 )
 
 import kafka_redelivery.consumer as consumer_module
+import kafka_redelivery.markers as m
 from kafka_redelivery import (
     BeyondRetentionError,
     CancelOutcome,
@@ -98,6 +99,32 @@ def test_deliveries_let_go_of_unsettled_are_released_at_once_and_free_their_plac
     assert {key(d) for d in again} == keys
     assert all(d.attempt == 2 for d in again)
     c.ack_many(again)
+    c.close()
+
+
+def test_deliveries_that_time_out_before_the_application_takes_them_are_not_handed_out(
+    topics: Topics, tracker: Tracker
+) -> None:
+    # One key, so one partition: the five come in one batch, and after the first is taken the
+    # other four wait in the consumer.
+    p = Producer({"bootstrap.servers": topics.brokers, "enable.idempotence": True})
+    for i in range(5):
+        p.produce(topics.source, key=b"x", value=f"x-{i}".encode())
+    assert p.flush(30) == 0
+    c = RedeliveryConsumer(
+        topics.brokers, unique("py-group"), [topics.source], topics.markers, timeout_s=1.0
+    )
+    first = take(c, 1)[0]
+    first.ack()
+    waiting = {m.Source(first.topic, first.partition, first.offset + i) for i in range(1, 5)}
+    assert {d.source for d in c._ready} == waiting, "the batch came whole"
+    time.sleep(1.5)
+    copies = take(c, 4)
+    assert all(d.attempt == 2 for d in copies), "an expired original was handed out"
+    assert {d.original for d in copies} == waiting
+    assert c.expired_before_handout == 4
+    c.ack_many(copies)
+    assert c.poll(2.0) is None
     c.close()
 
 

@@ -81,7 +81,7 @@ def moved_by_rebalance(e: KafkaException) -> bool:
 class Delivery:
     """One record handed to the application, to be settled exactly once."""
 
-    def __init__(self, owner: RedeliveryConsumer, polled: _Polled) -> None:
+    def __init__(self, owner: RedeliveryConsumer, polled: _Polled, started_at: float) -> None:
         msg, headers, attempt, timeout_ms = polled
         headers = headers or []
         self._owner = owner
@@ -96,6 +96,10 @@ class Delivery:
         self.original: m.Source | None = hdr.original(headers) if headers else None
         self.settled = False
         self._kept_alive = False
+        # When the tracker may redeliver it, by time.monotonic(): when its Start was sent, plus
+        # its timeout. The tracker counts from the Start's broker timestamp, a little later, so
+        # a delivery expired by this clock is due there too (see RedeliveryConsumer.poll).
+        self._expires = started_at + timeout_ms / 1000
 
     @property
     def source(self) -> m.Source:
@@ -139,6 +143,10 @@ class Delivery:
             return
         self._kept_alive = True
         self._owner._keep_alives.keep(self)
+
+    def _expired(self, now: float) -> bool:
+        """Whether its deadline passed by ``now`` while nothing kept it alive."""
+        return not self._kept_alive and now >= self._expires
 
     def abandon(self) -> None:
         """Give up on the delivery without telling the tracker: it is redelivered when its
@@ -250,6 +258,16 @@ class RedeliveryConsumer:
         self._paused = False
         self._failed: str | None = None
         self._closed = False
+        self._expired_count = 0
+        self._expired_logged_at: float | None = None
+
+    @property
+    def expired_before_handout(self) -> int:
+        """Deliveries whose timeout passed while they waited in this consumer for the
+        application (taken from Kafka with an earlier batch): not handed out, since the tracker
+        redelivers their records. A count that grows says the application works more slowly
+        than its deliveries time out: lower ``max_batch``, or raise the timeout."""
+        return self._expired_count
 
     @property
     def held_through_rebalances(self) -> int:
@@ -264,20 +282,58 @@ class RedeliveryConsumer:
             return self._unsettled - len(self._dropped)
 
     def poll(self, timeout_s: float = 1.0) -> Delivery | None:
-        """The next delivery, or ``None`` if none came within ``timeout_s``."""
-        self._fill(timeout_s)
-        if not self._ready:
-            return None
-        return self._ready.popleft()
+        """The next delivery, or ``None`` if none came within ``timeout_s``.
+
+        A delivery whose timeout passed while it waited here for the application (the rest of
+        an earlier batch) is not handed out: the tracker redelivers its record, and handing it
+        out as well would deliver it twice. It is counted (:attr:`expired_before_handout`) and
+        logged. One kept alive automatically does not expire."""
+        until = time.monotonic() + timeout_s
+        while True:
+            self._fill(max(until - time.monotonic(), 0.0))
+            now = time.monotonic()
+            while self._ready:
+                d = self._ready.popleft()
+                if not d._expired(now):
+                    return d
+                self._expire(d)
+            if now >= until:
+                return None
 
     def poll_batch(self, timeout_s: float = 1.0) -> list[Delivery]:
         """Every delivery already taken from Kafka, or the next poll batch (at most
         ``max_batch``) if none was; empty if none came within ``timeout_s``. With
-        :meth:`ack_many`, the cheap way to work a batch at a time."""
-        self._fill(timeout_s)
-        batch = list(self._ready)
-        self._ready.clear()
-        return batch
+        :meth:`ack_many`, the cheap way to work a batch at a time. Deliveries that timed out
+        while they waited are left out, as in :meth:`poll`."""
+        until = time.monotonic() + timeout_s
+        while True:
+            self._fill(max(until - time.monotonic(), 0.0))
+            now = time.monotonic()
+            batch = []
+            for d in self._ready:
+                if d._expired(now):
+                    self._expire(d)
+                else:
+                    batch.append(d)
+            self._ready.clear()
+            if batch or now >= until:
+                return batch
+
+    def _expire(self, d: Delivery) -> None:
+        """Lets go of ``d``, whose deadline passed before the application took it, without a
+        marker: the tracker's copy is its next delivery. Logged at most once per 10 s."""
+        d.abandon()
+        self._expired_count += 1
+        now = time.monotonic()
+        if self._expired_logged_at is None or now - self._expired_logged_at >= 10.0:
+            self._expired_logged_at = now
+            log.warning(
+                "%s: its timeout passed before the application took it; not handed out, the "
+                "tracker redelivers it (%d so far; the application works more slowly than its "
+                "deliveries time out: lower max_batch, or raise the timeout)",
+                d,
+                self._expired_count,
+            )
 
     def _fill(self, timeout_s: float) -> None:
         """Polls Kafka for the next batch (steps 1 to 4) if nothing is ready to hand out."""
@@ -517,6 +573,8 @@ class RedeliveryConsumer:
 
     def _start(self, batch: list[Any]) -> None:
         """Steps 1 to 4 for one polled batch."""
+        # Read before the Starts go: each delivery's deadline counts from here.
+        started_at = time.monotonic()
         groups: dict[tuple[str, int], list[_Polled]] = {}
         for msg in batch:
             groups.setdefault((msg.topic(), msg.partition()), []).append(self._read(msg))
@@ -562,7 +620,7 @@ class RedeliveryConsumer:
             self._dead_letter_unreadable(unreadable)
         with self._lock:
             self._unsettled += len(handed)
-        deliveries = [Delivery(self, p) for p in handed]
+        deliveries = [Delivery(self, p, started_at) for p in handed]
         if self.auto_keep_alive:
             for d in deliveries:
                 d.auto_keep_alive()
