@@ -52,8 +52,9 @@ pub struct Delivery {
     pub(crate) timeout: Duration,
     /// When the tracker may redeliver it, by this process's clock: when its Start was sent,
     /// plus its timeout (`None` past what an `Instant` holds). The tracker counts from the
-    /// Start's broker timestamp, a little later, so a delivery found expired here is surely
-    /// due there too: `recv` does not hand it out (see `RedeliveryConsumer::recv`).
+    /// Start's broker timestamp, a little later, so a delivery found expired here is due there
+    /// too (a skew between the hosts' clocks only delays the copy): `recv` does not hand it
+    /// out (see `RedeliveryConsumer::recv`).
     pub(crate) expires: Option<Instant>,
     pub(crate) settler: Arc<Settler>,
     pub(crate) retry: Arc<RetryPolicy>,
