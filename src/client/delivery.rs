@@ -275,17 +275,16 @@ impl Delivery {
         self.finish();
     }
 
-    /// Whether its deadline passed by `now`: the tracker redelivers it, or is about to.
-    pub(crate) fn expired(&self, now: Instant) -> bool {
-        self.expires.is_some_and(|at| now >= at)
-    }
-
-    /// Lets go of a delivery whose deadline passed before the application took it. No marker
-    /// is written: the tracker's copy is its next delivery. Counted, and its place under the
-    /// bound freed.
-    pub(crate) fn expire(mut self) {
+    /// The delivery, unless its deadline passed by `now` (the tracker redelivers it, or is
+    /// about to). One that expired is let go of: no marker is written, since the tracker's
+    /// copy is its next delivery; it is counted, and its place under the bound freed.
+    pub(crate) fn unless_expired(mut self, now: Instant) -> Option<Self> {
+        if self.expires.is_none_or(|at| now < at) {
+            return Some(self);
+        }
         self.settler.expired(&self.source, self.attempt);
         self.finish();
+        None
     }
 
     /// Marks the delivery settled: stops keep-alives and frees its place under the bound.

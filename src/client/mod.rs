@@ -204,14 +204,13 @@ impl RedeliveryConsumer {
                 self.ready = self.deliveries.recv().await?.into_iter();
                 now = None;
             }
-            let Some(mut d) = self.ready.next() else {
+            let Some(d) = self.ready.next() else {
                 continue;
             };
             // One clock reading per call and batch, whatever it skips.
-            if d.expired(*now.get_or_insert_with(Instant::now)) {
-                d.expire();
+            let Some(mut d) = d.unless_expired(*now.get_or_insert_with(Instant::now)) else {
                 continue;
-            }
+            };
             if self.auto_keep_alive {
                 // Started here, on the application's runtime; the poll thread has none.
                 d.auto_keep_alive();
@@ -235,19 +234,11 @@ impl RedeliveryConsumer {
                 self.ready.by_ref().collect()
             };
             let now = Instant::now();
-            let mut batch: Vec<Delivery> = match batch.iter().any(|d| d.expired(now)) {
-                false => batch,
-                true => batch
-                    .into_iter()
-                    .filter_map(|d| match d.expired(now) {
-                        true => {
-                            d.expire();
-                            None
-                        }
-                        false => Some(d),
-                    })
-                    .collect(),
-            };
+            // Collected in place, into the batch's own allocation.
+            let mut batch: Vec<Delivery> = batch
+                .into_iter()
+                .filter_map(|d| d.unless_expired(now))
+                .collect();
             if batch.is_empty() {
                 continue;
             }
