@@ -377,7 +377,11 @@ async fn deliveries_that_time_out_before_the_application_takes_them_are_not_hand
         copies.insert(d.original().unwrap().offset);
         d.ack().await.unwrap();
     }
-    assert_eq!(copies.len(), 5);
+    assert_eq!(
+        copies.into_iter().collect::<Vec<i64>>(),
+        (0..5).collect::<Vec<i64>>(),
+        "each original came back once, as a copy"
+    );
     assert_eq!(c.expired_before_handout(), 5);
     let expired = events_of(&mut events, EventKind::Expired, 5).await;
     assert!(expired.iter().all(|e| e.attempt == 1));
