@@ -1,29 +1,30 @@
 //! Gathers settlements into version 2 Settle markers: one marker per source partition per
 //! window instead of one per record.
 //!
-//! `ack()` still returns only once its End is durable: each settlement gets a one-shot answer,
-//! sent when the very marker it went into is acknowledged by the broker (one task per marker
-//! waits for that and answers every settlement in it). A window opens with the first
+//! `ack()` still returns only once its End is durable: each settlement waits for the answer of
+//! the very marker it went into (`answer.rs`), given when the broker acknowledges that marker
+//! (one task per marker waits for that and answers every settlement in it). A window opens with the first
 //! settlement after a flush and closes after
 //! [`ConsumerConfig::settle_window`](super::ConsumerConfig) or as soon as one partition has
 //! gathered `max_records`, whichever comes first. One thread does the flushing, so no
 //! application task waits for the window on its own.
 //!
-//! Per settlement this costs a lock, a push and a one-shot channel: the profile of the client
-//! (BENCHMARKS.md, "Client cost per record") showed a shared future per marker, with a waker
-//! registered per settlement, costing more than the marker itself.
+//! Per settlement this costs a lock, a push, and a reference to its marker's answer with a
+//! place in its list of wakers. The profile of the client (BENCHMARKS.md, "Client cost per
+//! record") showed a general-purpose shared future per marker costing more than the marker
+//! itself, and later a one-shot channel per settlement costing an allocation each ("One
+//! answer per Settle marker").
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rdkafka::error::KafkaError;
 use tokio::runtime::Handle;
-use tokio::sync::oneshot;
 
 use crate::failpoint;
 use crate::marker::{Marker, Offsets, Settle, SourceRef, MAX_BATCH_RECORDS};
 
+use super::answer::{Answering, Durable};
 use super::settler::{durable, MarkerWriter};
 
 /// Most bytes of reject reasons one Settle carries before it is written without waiting for
@@ -33,10 +34,6 @@ const MAX_REASON_BYTES_PER_MARKER: usize = 256 * 1024;
 
 /// Settlements one partition's gathering makes room for up front.
 const GATHER_CAPACITY: usize = 512;
-
-/// The answer a settlement waits for: its marker is durable, or why not.
-pub(crate) type Durable = oneshot::Receiver<Result<(), KafkaError>>;
-type Answer = oneshot::Sender<Result<(), KafkaError>>;
 
 /// One settlement, as a version 1 marker would carry it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +65,7 @@ struct Gathered {
     settle: Settle,
     count: usize,
     reason_bytes: usize,
-    waiters: Vec<Answer>,
+    answer: Answering,
 }
 
 impl Gathered {
@@ -83,7 +80,7 @@ impl Gathered {
             settle: Settle::new(source.topic.to_string(), source.partition),
             count: 0,
             reason_bytes: 0,
-            waiters: Vec::with_capacity(room),
+            answer: Answering::new(room),
         }
     }
 
@@ -113,11 +110,11 @@ impl Gathered {
         self.is_full(max_records)
     }
 
-    fn into_marker(self) -> (Marker, bool, Vec<Answer>) {
+    fn into_marker(self) -> (Marker, bool, Answering) {
         let mut settle = self.settle;
         let has_end = !self.ends.is_empty();
         settle.ends = Offsets::collect(self.ends);
-        (Marker::Settle(Box::new(settle)), has_end, self.waiters)
+        (Marker::Settle(Box::new(settle)), has_end, self.answer)
     }
 }
 
@@ -175,20 +172,19 @@ impl Coalescer {
         })
     }
 
-    /// Adds a settlement to the next Settle marker of its source partition. The receiver
+    /// Adds a settlement to the next Settle marker of its source partition. The waiter
     /// answers once that marker is durable (or failed); it is cancelled if the consumer
     /// closes first.
     pub(crate) fn add(&self, source: &SourceRef, op: Op) -> Durable {
-        let (tx, rx) = oneshot::channel();
         let mut p = self.inner.lock();
         if p.closed {
-            return rx;
+            return Durable::cancelled();
         }
         let i = gathering(&mut p.gathered, source, self.max_records);
         let full = p.gathered[i].push(source.offset, op, self.max_records);
-        p.gathered[i].waiters.push(tx);
+        let waiter = p.gathered[i].answer.waiter();
         self.opened(&mut p, full);
-        rx
+        waiter
     }
 
     /// Adds the Ends of `sources` under one lock, with one answer per marker they go into
@@ -198,9 +194,7 @@ impl Coalescer {
         let mut answers: Vec<(Durable, usize)> = Vec::new();
         let mut p = self.inner.lock();
         if p.closed {
-            // Its sender is dropped at once: the answer is "cancelled".
-            let (_, rx) = oneshot::channel();
-            return vec![(rx, sources.len())];
+            return vec![(Durable::cancelled(), sources.len())];
         }
         // The gatherings this batch has an answer in; they are only appended to while the
         // lock is held, so their positions stay put.
@@ -219,9 +213,7 @@ impl Coalescer {
                 Some(k) => answers[k].1 += 1,
                 None => {
                     answered.push(i);
-                    let (tx, rx) = oneshot::channel();
-                    p.gathered[i].waiters.push(tx);
-                    answers.push((rx, 1));
+                    answers.push((p.gathered[i].answer.waiter(), 1));
                 }
             }
         }
@@ -278,7 +270,7 @@ fn gathering(gathered: &mut Vec<Gathered>, source: &SourceRef, max_records: usiz
 fn flush_loop(inner: &Inner, window: Duration, writer: &MarkerWriter, runtime: &Handle) {
     while let Some(gathered) = next_window(inner, window) {
         for g in gathered {
-            let (marker, has_end, waiters) = g.into_marker();
+            let (marker, has_end, answer) = g.into_marker();
             let sent = writer.send(&marker);
             if has_end {
                 failpoint::hit("after-end-sent");
@@ -286,9 +278,9 @@ fn flush_loop(inner: &Inner, window: Duration, writer: &MarkerWriter, runtime: &
             match sent {
                 // One task per marker waits for its delivery report and answers everyone in it.
                 Ok(report) => {
-                    runtime.spawn(async move { answer(waiters, durable(report).await) });
+                    runtime.spawn(async move { answer.send(durable(report).await) });
                 }
-                Err(e) => answer(waiters, Err(e)),
+                Err(e) => answer.send(Err(e)),
             }
         }
     }
@@ -322,13 +314,6 @@ fn next_window(inner: &Inner, window: Duration) -> Option<Vec<Gathered>> {
     Some(std::mem::take(&mut p.gathered))
 }
 
-fn answer(waiters: Vec<Answer>, result: Result<(), KafkaError>) {
-    for w in waiters {
-        // A waiter that gave up (its task was dropped) no longer cares.
-        let _ = w.send(result.clone());
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -351,7 +336,7 @@ mod tests {
         waiting.push(c.add(&SourceRef::new("t", 1, 7), Op::Nack(9)));
         waiting.push(c.add(&SourceRef::new("t", 1, 8), Op::Reject("no".into())));
         for w in waiting {
-            w.await.expect("answered").expect("durable");
+            w.await.expect("durable");
         }
 
         let settles = read_settles(&brokers, 3);
@@ -431,7 +416,7 @@ mod tests {
             "offsets 0-2 fill a marker; 3-4 and 7 go into others"
         );
         for (rx, _) in answers {
-            rx.await.expect("answered").expect("durable");
+            rx.await.expect("durable");
         }
         let mut ends: Vec<(i32, Vec<i64>)> = read_settles(&brokers, 3)
             .iter()

@@ -48,7 +48,9 @@ pub struct Delivery {
     pub(crate) headers: HeaderList,
     pub(crate) timestamp_ms: Option<i64>,
     pub(crate) attempt: u32,
-    pub(crate) original: Option<SourceRef>,
+    /// Boxed: only copies have one, and a delivery is moved several times on its way to the
+    /// application, each move copying its whole size.
+    pub(crate) original: Option<Box<SourceRef>>,
     pub(crate) timeout: Duration,
     /// When the tracker may redeliver it, by this process's clock: when its Start was sent,
     /// plus its timeout (`None` past what an `Instant` holds). The tracker counts from the
@@ -122,7 +124,7 @@ impl Delivery {
     /// For a redelivered copy, where the first delivery of this record was read from; `None`
     /// for an original record. Stable across redeliveries, so it can key deduplication.
     pub fn original(&self) -> Option<&SourceRef> {
-        self.original.as_ref()
+        self.original.as_deref()
     }
 
     /// The time this delivery has before it is redelivered, from its Start or last keep-alive.
@@ -275,16 +277,18 @@ impl Delivery {
         self.finish();
     }
 
-    /// The delivery, unless its deadline passed by `now` (the tracker redelivers it, or is
-    /// about to). One that expired is let go of: no marker is written, since the tracker's
-    /// copy is its next delivery; it is counted, and its place under the bound freed.
-    pub(crate) fn unless_expired(mut self, now: Instant) -> Option<Self> {
-        if self.expires.is_none_or(|at| now < at) {
-            return Some(self);
-        }
+    /// Whether its deadline passed by `now`: the tracker redelivers it, or is about to.
+    /// Checked by reference: a delivery is moved often enough on its way out.
+    pub(crate) fn expired(&self, now: Instant) -> bool {
+        self.expires.is_some_and(|at| now >= at)
+    }
+
+    /// Lets go of a delivery that [`expired`](Self::expired) before it was handed out: no
+    /// marker is written, since the tracker's copy is its next delivery; it is counted, and
+    /// its place under the bound freed.
+    pub(crate) fn pass_over(&mut self) {
         self.settler.expired(&self.source, self.attempt);
         self.finish();
-        None
     }
 
     /// Marks the delivery settled: stops keep-alives and frees its place under the bound.

@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
 mod body;
 mod broker_check;
 mod coalesce;
@@ -169,6 +170,7 @@ impl RedeliveryConsumer {
             settled_groups: Default::default(),
             topics: Default::default(),
             chunks: Default::default(),
+            last_batch: Default::default(),
         };
         let thread = spawn_poller(poller, died.clone(), hold_open)?;
         Ok(RedeliveryConsumer {
@@ -204,13 +206,14 @@ impl RedeliveryConsumer {
                 self.ready = self.deliveries.recv().await?.into_iter();
                 now = None;
             }
-            let Some(d) = self.ready.next() else {
+            let Some(mut d) = self.ready.next() else {
                 continue;
             };
             // One clock reading per call and batch, whatever it skips.
-            let Some(mut d) = d.unless_expired(*now.get_or_insert_with(Instant::now)) else {
+            if d.expired(*now.get_or_insert_with(Instant::now)) {
+                d.pass_over();
                 continue;
-            };
+            }
             if self.auto_keep_alive {
                 // Started here, on the application's runtime; the poll thread has none.
                 d.auto_keep_alive();
@@ -227,18 +230,20 @@ impl RedeliveryConsumer {
     /// waited are left out, as in `recv`.
     pub async fn recv_batch(&mut self) -> Option<Vec<Delivery>> {
         loop {
-            let batch: Vec<Delivery> = if self.ready.as_slice().is_empty() {
+            let mut batch: Vec<Delivery> = if self.ready.as_slice().is_empty() {
                 // Cancel-safe as `recv`: a batch is either still in the channel or returned.
                 self.deliveries.recv().await?
             } else {
                 self.ready.by_ref().collect()
             };
             let now = Instant::now();
-            // Collected in place, into the batch's own allocation.
-            let mut batch: Vec<Delivery> = batch
-                .into_iter()
-                .filter_map(|d| d.unless_expired(now))
-                .collect();
+            batch.retain_mut(|d| {
+                let expired = d.expired(now);
+                if expired {
+                    d.pass_over();
+                }
+                !expired
+            });
             if batch.is_empty() {
                 continue;
             }

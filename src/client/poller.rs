@@ -108,6 +108,11 @@ pub(crate) struct Poller {
     /// The scratch buffer records' bodies are copied into, kept from batch to batch
     /// (`body.rs`).
     pub(crate) chunks: std::cell::Cell<Chunks>,
+    /// How many records the last poll batch took: the next one makes room for as many up
+    /// front. Grown one push at a time, a batch of 2,000 moved to a bigger buffer nine times
+    /// (BENCHMARKS.md, "One answer per Settle marker"); sized by `max_batch`, a trickle of
+    /// records would allocate a full batch's room on every poll.
+    pub(crate) last_batch: std::cell::Cell<usize>,
 }
 
 /// The names of the topics records came from, one allocation each: every record's
@@ -312,7 +317,7 @@ impl Poller {
     }
 
     fn poll_batch(&self, limit: usize, wait: Duration) -> Vec<Polled> {
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(self.last_batch.get().min(limit));
         let mut chunks = self.chunks.take();
         let mut timeout = wait;
         while batch.len() < limit {
@@ -335,6 +340,7 @@ impl Poller {
         }
         chunks.seal(batch.iter_mut().map(|p| &mut p.body));
         self.chunks.set(chunks);
+        self.last_batch.set(batch.len());
         batch
     }
 
@@ -768,7 +774,7 @@ impl Poller {
     }
 
     fn delivery(&self, p: Polled, started_at: Instant) -> Delivery {
-        let original = headers::original(&p.headers);
+        let original = headers::original(&p.headers).map(Box::new);
         self.settler
             .events
             .emit(|| Event::new(EventKind::Delivered, p.source.clone(), p.attempt));

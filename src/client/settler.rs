@@ -16,7 +16,8 @@ use rdkafka::producer::FutureRecord;
 use crate::events::{Event, EventBus, EventKind};
 use crate::marker::{encode, markers_partition, Marker, SourceRef};
 
-use super::coalesce::{Coalescer, Durable, Op};
+use super::answer::Durable;
+use super::coalesce::{Coalescer, Op};
 use super::error::ClientError;
 
 /// Writes markers to the markers partition of their source partition.
@@ -165,8 +166,8 @@ impl Settler {
     }
 
     /// Queues the settlement `op` of `source` now (in version 2, gathered into the next
-    /// Settle marker of its partition); the future resolves when it is durable. Not boxed: an
-    /// ack allocates only its one-shot answer.
+    /// Settle marker of its partition); the future resolves when it is durable. Not boxed: in version 2
+    /// an ack allocates nothing of its own (it shares its marker's answer).
     pub(crate) fn queue(&self, source: &SourceRef, op: Op) -> Queued {
         match &self.coalescer {
             Some(coalescer) => Queued::Gathered(coalescer.add(source, op)),
@@ -210,9 +211,7 @@ impl Settler {
                 let waiting = coalescer
                     .add_ends(sources)
                     .into_iter()
-                    .map(
-                        |(rx, n)| async move { (rx.await.unwrap_or(Err(KafkaError::Canceled)), n) },
-                    );
+                    .map(|(answer, n)| async move { (answer.await, n) });
                 futures::future::join_all(waiting).await
             }
             None => {
@@ -290,12 +289,9 @@ impl Future for Queued {
     type Output = Result<(), KafkaError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // The one-shot receivers inside are `Unpin`.
+        // The waiters inside are `Unpin`.
         Poll::Ready(match self.get_mut() {
-            Queued::Gathered(answer) => match std::task::ready!(Pin::new(answer).poll(cx)) {
-                Ok(result) => result,
-                Err(_) => Err(KafkaError::Canceled),
-            },
+            Queued::Gathered(answer) => std::task::ready!(Pin::new(answer).poll(cx)),
             Queued::Sent(report) => durable_or_why(std::task::ready!(Pin::new(report).poll(cx))),
             Queued::Failed(error) => Err(error.take().unwrap_or(KafkaError::Canceled)),
         })
