@@ -3,8 +3,8 @@
 //!
 //! `ack()` still returns only once its End is durable: each settlement waits for the answer of
 //! the very marker it went into (`answer.rs`), given when the broker acknowledges that marker
-//! (one task per marker waits for that and answers every settlement in it). A window opens with the first
-//! settlement after a flush and closes after
+//! (one task per marker waits for that and answers every settlement in it). A window opens
+//! with the first settlement after a flush and closes after
 //! [`ConsumerConfig::settle_window`](super::ConsumerConfig) or as soon as one partition has
 //! gathered `max_records`, whichever comes first. One thread does the flushing, so no
 //! application task waits for the window on its own.

@@ -166,8 +166,8 @@ impl Settler {
     }
 
     /// Queues the settlement `op` of `source` now (in version 2, gathered into the next
-    /// Settle marker of its partition); the future resolves when it is durable. Not boxed: in version 2
-    /// an ack allocates nothing of its own (it shares its marker's answer).
+    /// Settle marker of its partition); the future resolves when it is durable. Not boxed: in
+    /// version 2 an ack allocates nothing of its own (it shares its marker's answer).
     pub(crate) fn queue(&self, source: &SourceRef, op: Op) -> Queued {
         match &self.coalescer {
             Some(coalescer) => Queued::Gathered(coalescer.add(source, op)),
