@@ -427,7 +427,7 @@ mod tests {
 
     /// A delivery of `t`/0 at `offset`, handed out by `settler`.
     fn delivery(settler: &Arc<Settler>, offset: i64) -> Delivery {
-        settler.handed_out();
+        settler.handed_out(1);
         Delivery {
             source: SourceRef::new("t", 0, offset),
             body: Body::new(None, Some(b"v")),

@@ -596,12 +596,12 @@ impl Poller {
             .handed_out(handed.iter().map(|p| &p.source));
         // The batch goes over as one message: a send per record (and the wake-up of the
         // receiving task each can cost) showed in the profile.
+        // Counted once for the batch: the count is shared with the application's thread,
+        // which takes one off at every settlement.
+        self.settler.handed_out(handed.len());
         let deliveries: Vec<Delivery> = handed
             .into_iter()
-            .map(|p| {
-                self.settler.handed_out();
-                self.delivery(p, started_at)
-            })
+            .map(|p| self.delivery(p, started_at))
             .collect();
         if !deliveries.is_empty() {
             // If the application dropped the consumer, the deliveries' Drop releases them.

@@ -250,8 +250,8 @@ impl Settler {
         self.unsettled.load(Ordering::Acquire)
     }
 
-    pub(crate) fn handed_out(&self) {
-        self.unsettled.fetch_add(1, Ordering::AcqRel);
+    pub(crate) fn handed_out(&self, deliveries: usize) {
+        self.unsettled.fetch_add(deliveries, Ordering::AcqRel);
     }
 
     pub(crate) fn settled(&self) {
