@@ -30,6 +30,10 @@
 //! So a source offset is never committed before its Start is durable. A crash before step 3
 //! re-polls the batch (duplicate Starts, which the tracker absorbs); a crash after it leaves the
 //! Starts in the markers topic, and the tracker redelivers after the timeout.
+//!
+//! The steps in order are here; apart from them, `starts.rs` builds a batch's Start markers,
+//! `rewind.rs` makes records come again after a failed Start, and `rebalance.rs` follows the
+//! group's rebalances (partitions revoked while a batch is in flight, records kept alive).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
@@ -40,10 +44,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::executor::block_on;
-use futures::future::join_all;
 use futures::FutureExt;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
@@ -51,20 +54,23 @@ use tokio::sync::mpsc;
 use crate::events::{Event, EventKind};
 use crate::failpoint;
 use crate::headers::{self, checked, HeaderList};
-use crate::marker::{
-    duration_to_ms_u32, Marker, Offsets, SourceRef, StartBatch, MAX_BATCH_RECORDS,
-};
-
-use crate::resume::{committed_many, ResumeChecks};
+use crate::marker::SourceRef;
+use crate::resume::ResumeChecks;
 
 use super::body::{Body, Chunks};
-use super::coalesce::Op;
-use super::config::{ConsumerConfig, MarkerFormat};
+use super::config::ConsumerConfig;
 use super::context::PollContext;
 use super::delivery::Delivery;
 use super::lease::Leases;
 use super::retry::RetryPolicy;
 use super::settler::Settler;
+
+mod rebalance;
+mod rewind;
+mod starts;
+
+use rebalance::{in_partitions, moved_by_rebalance, without_revoked};
+use rewind::{first_offsets, is_rewound, split_at_first_failure};
 
 /// A polled record, copied once out of librdkafka's buffer: what the Start marker and the
 /// delivery need, moved (not copied again) into the delivery.
@@ -344,42 +350,6 @@ impl Poller {
         batch
     }
 
-    /// Takes the partitions a rebalance assigned (their resume is to be checked) and let go;
-    /// returns those let go, which are also kept for the batches in flight.
-    fn note_rebalance(&self) -> Vec<(String, i32)> {
-        let changes = self.consumer.context().take();
-        // A rebalance revokes before it assigns: a revocation taken with an assignment came
-        // before the group settled.
-        let (settled, at) = self.settled_groups.get();
-        let at = if changes.revoked.is_empty() {
-            at
-        } else {
-            Some(at.unwrap_or(settled))
-        };
-        self.settled_groups
-            .set((settled + changes.assignments as u64, at));
-        if changes.assignments > 0 {
-            self.group_settled();
-        }
-        if changes.assigned.is_empty() && changes.revoked.is_empty() {
-            return Vec::new();
-        }
-        self.revoked
-            .borrow_mut()
-            .extend(changes.revoked.iter().cloned());
-        let moved: Vec<(String, i32)> = changes
-            .revoked
-            .iter()
-            .chain(&changes.assigned)
-            .cloned()
-            .collect();
-        // One look-up for all of them, here rather than on each one's first record. A
-        // partition with nothing committed starts where `auto.offset.reset` says: unchecked.
-        let committed = committed_many(&self.consumer, &changes.assigned);
-        self.resuming.borrow_mut().rebalanced(&moved, committed);
-        changes.revoked
-    }
-
     /// Whether `m` is to be dropped while its partition's resume is checked (it comes before
     /// the resume offset, or the consumer was sent back and it will come again in order).
     fn resume_skips(&self, m: &BorrowedMessage<'_>) -> bool {
@@ -445,58 +415,6 @@ impl Poller {
             headers,
             attempt,
             timeout,
-        }
-    }
-
-    /// Step 1 for one batch: queues its Start markers, one per record (version 1) or one per
-    /// source partition (version 2).
-    fn start(&self, batch: Vec<Polled>) -> InFlight {
-        failpoint::hit("after-poll");
-        // Read before the Starts go: the tracker's deadlines count from their broker
-        // timestamps, later still, so a delivery expired by this reading is due there too.
-        let started_at = Instant::now();
-        let markers = match self.config.marker_format {
-            MarkerFormat::V1 => batch
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (vec![i], start_v1(p)))
-                .collect(),
-            _ => start_batches(&batch, self.config.default_timeout),
-        };
-        let futures: Vec<_> = markers
-            .into_iter()
-            .map(|(records, marker)| {
-                // A failpoint can make a Start fail as the broker would: never written.
-                let sent = (!failpoint::fails("start")).then(|| self.settler.send(&marker));
-                (records, sent)
-            })
-            .collect();
-        failpoint::hit("after-start-sent");
-        let count = batch.len();
-        let starts = async move {
-            let mut durable = vec![false; count];
-            let answers = join_all(futures.into_iter().map(|(records, sent)| async move {
-                let ok = match sent {
-                    Some(Ok(f)) => matches!(f.await, Ok(Ok(_))),
-                    Some(Err(_)) | None => false,
-                };
-                (records, ok)
-            }))
-            .await;
-            for (records, ok) in answers {
-                for i in records {
-                    durable[i] = ok;
-                }
-            }
-            durable
-        };
-        InFlight {
-            batch,
-            starts: Box::pin(starts),
-            rewound: Vec::new(),
-            revoked: Vec::new(),
-            revoked_at: None,
-            started_at,
         }
     }
 
@@ -610,147 +528,6 @@ impl Poller {
         failed.is_empty()
     }
 
-    /// Makes `topic`/`partition` come again from `offset`: seeks back (or holds the partition
-    /// if the seek fails), and tells the batches polled after this one (`later`), whose
-    /// records past the offset will come again.
-    fn rewind(&self, topic: &str, partition: i32, offset: i64, later: &mut VecDeque<InFlight>) {
-        if !self.seek_back(topic, partition, offset) {
-            let mut held = self.held.borrow_mut();
-            let at = held.entry((topic.to_string(), partition)).or_insert(offset);
-            *at = (*at).min(offset);
-        }
-        for b in later.iter_mut() {
-            b.rewound.push((topic.to_string(), partition, offset));
-        }
-    }
-
-    /// Seeks `topic`/`partition` back to `offset`; false (logged) if that failed.
-    fn seek_back(&self, topic: &str, partition: i32, offset: i64) -> bool {
-        let result = if failpoint::fails("seek") {
-            Err(rdkafka::error::KafkaError::Seek("failpoint".into()))
-        } else {
-            self.consumer.seek(
-                topic,
-                partition,
-                Offset::Offset(offset),
-                Duration::from_secs(5),
-            )
-        };
-        match result {
-            Ok(()) => {
-                self.check_resume_at(topic, partition, offset);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    topic,
-                    partition,
-                    offset,
-                    "seek back failed; holding the partition (nothing of it from this offset on \
-                     is handed out or committed) and trying again"
-                );
-                false
-            }
-        }
-    }
-
-    /// Whether `s` lies in a held partition at or after the record it must be re-read from.
-    fn is_held(&self, s: &SourceRef) -> bool {
-        let held = self.held.borrow();
-        // Almost always empty: then no key (a copy of the topic name) is built.
-        !held.is_empty()
-            && held
-                .get(&(s.topic.to_string(), s.partition))
-                .is_some_and(|&from| s.offset >= from)
-    }
-
-    /// Tries the seek of each held partition again. A partition no longer assigned is let go:
-    /// its next owner starts from the committed offset, which never passed the held record.
-    fn retry_held(&self, pipeline: &mut VecDeque<InFlight>) {
-        if self.held.borrow().is_empty() {
-            return;
-        }
-        let assigned = self.consumer.assignment().ok();
-        let held: Vec<((String, i32), i64)> = self
-            .held
-            .borrow()
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        for ((topic, partition), offset) in held {
-            let ours = assigned
-                .as_ref()
-                .is_none_or(|a| a.find_partition(&topic, partition).is_some());
-            if ours && !self.seek_back(&topic, partition, offset) {
-                continue;
-            }
-            self.held.borrow_mut().remove(&(topic.clone(), partition));
-            // Batches polled while held may hold records past the seek: those come again.
-            for b in pipeline.iter_mut() {
-                b.rewound.push((topic.clone(), partition, offset));
-            }
-            tracing::info!(topic, partition, offset, ours, "held partition released");
-        }
-    }
-
-    /// Writes the KeepAlives due for the records kept alive through a rebalance, and reports
-    /// those that failed.
-    fn renew_leases(&self) {
-        let mut leases = self.leases.borrow_mut();
-        if leases.is_idle() {
-            return;
-        }
-        let now = Instant::now();
-        if let Some((failed, error)) = leases.answered(now) {
-            tracing::warn!(
-                failed,
-                error,
-                "keep-alives of records waiting for their partitions' next owner failed; the \
-                 tracker may redeliver them too (a duplicate, never a loss)"
-            );
-        }
-        if leases.waiting() {
-            return;
-        }
-        match leases.due(now) {
-            Ok(due) => {
-                for (source, timeout_ms) in due {
-                    let answer = self.settler.queue(&source, Op::KeepAlive(timeout_ms));
-                    leases.written(answer);
-                }
-            }
-            Err(records) => tracing::warn!(
-                records,
-                limit_s = super::lease::LEASE_LIMIT.as_secs(),
-                "the group has not settled within the limit; no longer keeping alive the records \
-                 not handed out for its sake (the tracker redelivers them when they time out)"
-            ),
-        }
-    }
-
-    /// Keeps `records` alive until the group settles, and counts them.
-    fn hold_through_rebalance(&self, records: Vec<(SourceRef, Duration)>) {
-        self.settler
-            .held_through_rebalances
-            .fetch_add(records.len() as u64, Ordering::Relaxed);
-        self.leases.borrow_mut().hold(records, Instant::now());
-    }
-
-    /// An assignment came: the group has settled, and the records kept alive for its sake
-    /// are left to their next owner.
-    fn group_settled(&self) {
-        let (records, held_for) = self.leases.borrow_mut().settled(Instant::now());
-        if records > 0 {
-            tracing::info!(
-                records,
-                held_for_ms = held_for.as_millis() as u64,
-                "group settled; records kept alive through the rebalance are left to their next \
-                 owner"
-            );
-        }
-    }
-
     fn commit(&self, handed: &[Polled]) -> KafkaResult<()> {
         let mut next: BTreeMap<(&str, i32), i64> = BTreeMap::new();
         for p in handed {
@@ -795,188 +572,11 @@ impl Poller {
     }
 }
 
-/// Whether `m` lies in a partition range that was rewound after this batch was polled.
-fn start_v1(p: &Polled) -> Marker {
-    Marker::Start {
-        source: p.source.clone(),
-        timeout_ms: duration_to_ms_u32(p.timeout),
-        attempt: p.attempt,
-    }
-}
-
-/// Version 2 Starts for a poll batch: one per source partition (split at
-/// [`MAX_BATCH_RECORDS`]), each with the positions in `batch` of the records it covers. The
-/// default timeout is the consumer's; records with their own timeout or attempt are listed.
-fn start_batches(batch: &[Polled], default: Duration) -> Vec<(Vec<usize>, Marker)> {
-    let timeout_ms = duration_to_ms_u32(default);
-    let mut groups: Vec<(Vec<usize>, StartBatch)> = Vec::new();
-    for (i, p) in batch.iter().enumerate() {
-        let s = &p.source;
-        // A partition's records come in offset order; one that does not (a seek back between
-        // polls) goes into a marker of its own.
-        let open = groups.iter().rposition(|(records, b)| {
-            b.partition == s.partition
-                && *b.topic == *s.topic
-                && records.len() < MAX_BATCH_RECORDS
-                && b.offsets.last().is_some_and(|last| last < s.offset)
-        });
-        let g = open.unwrap_or_else(|| {
-            groups.push((
-                Vec::new(),
-                StartBatch {
-                    topic: s.topic.to_string(),
-                    partition: s.partition,
-                    timeout_ms,
-                    offsets: Offsets::new(),
-                    attempts: Vec::new(),
-                    timeouts: Vec::new(),
-                },
-            ));
-            groups.len() - 1
-        });
-        let (records, b) = &mut groups[g];
-        b.offsets.push(s.offset);
-        if p.attempt != 1 {
-            b.attempts.push((s.offset, p.attempt));
-        }
-        let own = duration_to_ms_u32(p.timeout);
-        if own != timeout_ms {
-            b.timeouts.push((s.offset, own));
-        }
-        records.push(i);
-    }
-    groups
-        .into_iter()
-        .map(|(records, b)| (records, Marker::StartBatch(Box::new(b))))
-        .collect()
-}
-
-/// What [`without_revoked`] took out of a batch.
-struct Released {
-    /// How many records.
-    records: usize,
-    /// Those whose Starts are durable, with their timeouts: the tracker would redeliver them.
-    started: Vec<(SourceRef, Duration)>,
-}
-
-/// Takes out of `batch` (with its per-record `durable` flags) the records of partitions
-/// revoked while it was in flight; returns what is left and what was taken out. Nothing
-/// of those is committed or handed out: the partition's next owner reads them again, and its
-/// Starts take over the ones written here (the tracker keeps one delivery per record, and a
-/// second Start refreshes it). No End is written for them: an End names only the record, so
-/// one arriving after the next owner's Start would end that owner's delivery, and a crash of
-/// that owner would then lose the record. Those started are kept alive until the group settles
-/// instead (`lease.rs`).
-fn without_revoked(
-    batch: Vec<Polled>,
-    durable: Vec<bool>,
-    revoked: &[(String, i32)],
-) -> (Vec<Polled>, Vec<bool>, Released) {
-    let mut released = Released {
-        records: 0,
-        started: Vec::new(),
-    };
-    if revoked.is_empty() {
-        return (batch, durable, released);
-    }
-    let mut kept = Vec::with_capacity(batch.len());
-    let mut kept_durable = Vec::with_capacity(batch.len());
-    for (p, ok) in batch.into_iter().zip(durable) {
-        if !in_partitions(revoked, &p.source) {
-            kept.push(p);
-            kept_durable.push(ok);
-            continue;
-        }
-        released.records += 1;
-        if ok {
-            released.started.push((p.source, p.timeout));
-        }
-    }
-    (kept, kept_durable, released)
-}
-
-/// Whether a failed commit means the group has moved on without this member's generation
-/// (a rebalance under way, or the member fenced or forgotten), so that its partitions may be
-/// handed to another worker, rather than that the coordinator could not be reached.
-fn moved_by_rebalance(e: &KafkaError) -> bool {
-    use rdkafka::types::RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::IllegalGeneration
-                | C::UnknownMemberId
-                | C::RebalanceInProgress
-                | C::FencedInstanceId
-                | C::StaleMemberEpoch
-                | C::FencedMemberEpoch
-                | C::AssignmentLost
-        )
-    )
-}
-
-/// The first (lowest) offset of each source partition in `batch`.
-fn first_offsets(batch: &[Polled]) -> BTreeMap<(String, i32), i64> {
-    let mut firsts = BTreeMap::new();
-    for p in batch {
-        let e = firsts
-            .entry((p.source.topic.to_string(), p.source.partition))
-            .or_insert(p.source.offset);
-        *e = (*e).min(p.source.offset);
-    }
-    firsts
-}
-
-/// Whether `s` lies in one of `partitions`.
-fn in_partitions(partitions: &[(String, i32)], s: &SourceRef) -> bool {
-    partitions
-        .iter()
-        .any(|(t, p)| *p == s.partition && **t == *s.topic)
-}
-
-fn is_rewound(rewound: &[(String, i32, i64)], s: &SourceRef) -> bool {
-    rewound
-        .iter()
-        .any(|(t, p, o)| **t == *s.topic && *p == s.partition && s.offset >= *o)
-}
-
-/// Splits a batch into the records that may be handed over (in each source partition, those
-/// before the first failed Start) and, per partition, the offset of that first failure.
-fn split_at_first_failure(
-    batch: Vec<Polled>,
-    durable: Vec<bool>,
-) -> (Vec<Polled>, Vec<(String, i32, i64)>) {
-    // Every Start durable is the rule: then no key (a copy of the topic name) is built.
-    if durable.iter().all(|&ok| ok) {
-        return (batch, Vec::new());
-    }
-    let mut first_failure: BTreeMap<(String, i32), i64> = BTreeMap::new();
-    for (p, ok) in batch.iter().zip(&durable) {
-        if !ok {
-            let key = (p.source.topic.to_string(), p.source.partition);
-            let e = first_failure.entry(key).or_insert(i64::MAX);
-            *e = (*e).min(p.source.offset);
-        }
-    }
-    let handed = batch
-        .into_iter()
-        .filter(|p| {
-            first_failure
-                .get(&(p.source.topic.to_string(), p.source.partition))
-                .is_none_or(|&f| p.source.offset < f)
-        })
-        .collect();
-    let failed = first_failure
-        .into_iter()
-        .map(|((t, p), o)| (t, p, o))
-        .collect();
-    (handed, failed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn polled(topic: &str, partition: i32, offset: i64) -> Polled {
+    pub(super) fn polled(topic: &str, partition: i32, offset: i64) -> Polled {
         Polled {
             source: SourceRef::new(topic, partition, offset),
             timestamp_ms: None,
@@ -987,7 +587,7 @@ mod tests {
         }
     }
 
-    fn coords(batch: &[Polled]) -> Vec<(String, i32, i64)> {
+    pub(super) fn coords(batch: &[Polled]) -> Vec<(String, i32, i64)> {
         batch
             .iter()
             .map(|p| {
@@ -998,100 +598,6 @@ mod tests {
                 )
             })
             .collect()
-    }
-
-    #[test]
-    fn a_poll_batch_gives_one_start_per_source_partition_with_its_exceptions() {
-        let mut batch = vec![
-            polled("a", 0, 10),
-            polled("a", 1, 5),
-            polled("a", 0, 11),
-            polled("a", 0, 13),
-            polled("a", 0, 3), // a seek back between polls: a marker of its own
-        ];
-        batch[2].attempt = 3;
-        batch[3].timeout = Duration::from_secs(9);
-        let starts = start_batches(&batch, Duration::from_secs(1));
-        let got: Vec<_> = starts
-            .iter()
-            .map(|(records, m)| match m {
-                Marker::StartBatch(b) => (
-                    records.clone(),
-                    b.partition,
-                    b.offsets.iter().collect::<Vec<_>>(),
-                    b.attempts.clone(),
-                    b.timeouts.clone(),
-                    b.timeout_ms,
-                ),
-                other => panic!("not a batch Start: {other:?}"),
-            })
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                (
-                    vec![0, 2, 3],
-                    0,
-                    vec![10, 11, 13],
-                    vec![(11, 3)],
-                    vec![(13, 9000)],
-                    1000
-                ),
-                (vec![1], 1, vec![5], vec![], vec![], 1000),
-                (vec![4], 0, vec![3], vec![], vec![], 1000),
-            ]
-        );
-    }
-
-    #[test]
-    fn a_rewind_covers_its_partition_from_its_offset_on() {
-        let rewound = vec![("a".to_string(), 0, 11)];
-        let covered: Vec<_> = [
-            ("a", 0, 10),
-            ("a", 0, 11),
-            ("a", 0, 12),
-            ("a", 1, 11),
-            ("b", 0, 11),
-        ]
-        .iter()
-        .map(|&(t, p, o)| is_rewound(&rewound, &polled(t, p, o).source))
-        .collect();
-        assert_eq!(covered, vec![false, true, true, false, false]);
-    }
-
-    #[test]
-    fn a_failed_start_holds_back_its_partition_from_that_record_on() {
-        let batch = vec![
-            polled("a", 0, 10),
-            polled("a", 0, 11),
-            polled("a", 1, 5),
-            polled("a", 0, 12),
-            polled("b", 0, 1),
-            polled("a", 1, 6),
-        ];
-        let durable = vec![true, false, true, true, true, false];
-        failpoint::hit("after-start-durable");
-        let (handed, failed) = split_at_first_failure(batch, durable);
-        // a/0: 11 failed, so 12 waits even though its own Start was durable.
-        assert_eq!(
-            coords(&handed),
-            vec![("a".into(), 0, 10), ("a".into(), 1, 5), ("b".into(), 0, 1)]
-        );
-        assert_eq!(failed, vec![("a".into(), 0, 11), ("a".into(), 1, 6)]);
-    }
-
-    #[test]
-    fn records_of_a_revoked_partition_are_taken_out_of_a_batch_in_flight() {
-        let batch = vec![polled("a", 0, 1), polled("a", 1, 1), polled("b", 0, 2)];
-        let revoked = vec![("a".to_string(), 0), ("c".to_string(), 3)];
-        let (kept, durable, released) = without_revoked(batch, vec![true, false, true], &revoked);
-        assert_eq!(coords(&kept), [("a".into(), 1, 1), ("b".into(), 0, 2)]);
-        assert_eq!(durable, [false, true], "each record keeps its own flag");
-        assert_eq!(released.records, 1);
-        let started: Vec<i64> = released.started.iter().map(|(s, _)| s.offset).collect();
-        assert_eq!(started, [1], "a durable Start is kept alive");
-        let (kept, _, released) = without_revoked(kept, durable, &[]);
-        assert_eq!((kept.len(), released.records), (2, 0));
     }
 
     #[test]
@@ -1108,13 +614,5 @@ mod tests {
         );
         assert_eq!((&*a, &*other), ("orders", "audit"));
         assert!(Arc::ptr_eq(&other, &topics.get("audit")));
-    }
-
-    #[test]
-    fn all_durable_hands_over_everything() {
-        let batch = vec![polled("a", 0, 1), polled("a", 0, 2)];
-        let (handed, failed) = split_at_first_failure(batch, vec![true, true]);
-        assert_eq!(handed.len(), 2);
-        assert!(failed.is_empty());
     }
 }
