@@ -461,6 +461,19 @@ async fn ours(
     let received = acked;
     let elapsed = started.elapsed();
     let steady = steady.window(received);
+    // The client's poll thread alone, from its start to here (it exits when the consumer
+    // closes): the part of the client's CPU the library spends outside the application's
+    // thread and the producers', with less noise than the whole process's.
+    if std::env::var_os("BENCH_POLL_THREAD_CPU").is_some() {
+        let poll = redelivery_testkit::process::thread_cpu_seconds(
+            std::process::id(),
+            &["redelivery-poll"],
+        );
+        eprintln!(
+            "ours: the poll thread's CPU s per million {:.3}",
+            poll / received.max(1) as f64 * 1e6
+        );
+    }
     c.close().await?;
     Ok(Consumed {
         received,

@@ -388,6 +388,11 @@ impl Poller {
     }
 
     fn polled(&self, message: &BorrowedMessage<'_>, chunks: &mut Chunks) -> Polled {
+        // The body first: a record's headers follow its value in the fetched batch, so once
+        // the copy has read the value, the header count librdkafka reads next is close by.
+        // In that order the poll thread used about 7 % less CPU per record at 1 KiB
+        // (BENCHMARKS.md, "The body copied before the headers are read").
+        let body = chunks.add(message.key(), message.payload());
         let headers = headers::from_kafka(message.headers());
         // Most records carry no headers at all: skip the three look-ups (about 200
         // instructions a record in the client's profile) when there is nothing to look in.
@@ -411,7 +416,7 @@ impl Poller {
                 offset: message.offset(),
             },
             timestamp_ms: message.timestamp().to_millis(),
-            body: chunks.add(message.key(), message.payload()),
+            body,
             headers,
             attempt,
             timeout,
