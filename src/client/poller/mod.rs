@@ -1,7 +1,8 @@
 //! The poll thread: the client side of the protocol.
 //!
 //! For each batch it polls, in this order and no other:
-//! 1. queue a Start marker for every record (idempotent producer, `acks=all`);
+//! 1. queue Start markers that cover every record (version 2: one per source partition of the
+//!    batch; version 1: one per record) through an idempotent producer, `acks=all`;
 //! 2. wait until every Start is acknowledged;
 //! 3. commit, per source partition, only up to the first record whose Start failed, and seek
 //!    back to that record so it is polled again;
