@@ -218,6 +218,7 @@ impl Tracker {
                 ("enable.auto.offset.store", "false"),
                 ("auto.offset.reset", "earliest"),
                 crate::kafka::FETCH_PACING,
+                MARKERS_BATCHING,
                 // Feeds the markers lag gauge.
                 ("statistics.interval.ms", "5000"),
             ])
@@ -235,6 +236,29 @@ impl Tracker {
         Ok(consumer)
     }
 }
+
+/// How the markers consumer fetches: in batches while markers keep coming, at once when they
+/// come after a quiet spell.
+///
+/// By default librdkafka sends the next fetch as soon as the last one is answered, and the
+/// broker answers a fetch as soon as one new marker is there: at full speed the tracker sent
+/// one fetch per marker produce request, 484 for 500,000 records, each one a request the broker
+/// pays for (BENCHMARKS.md, "The markers read in batches"). With `queued.min.messages` at 1,
+/// librdkafka waits [`crate::kafka::FETCH_PACING`] (10 ms) before the next fetch while the
+/// last one's markers are still queued, so a busy partition is read in 10 ms slices: 99
+/// fetches for the same run. A partition with nothing queued is fetched at once and the
+/// fetch waits at the broker, so a marker after a quiet spell, and a Tick, are read as soon
+/// as before, and an idle tracker fetches no more often.
+///
+/// What it costs: on a busy partition a marker is read up to 10 ms later. That does not hold
+/// a deadline back, which waits only for a marker stamped 100 ms before it
+/// (`READ_THROUGH_SLACK_MS`); but an End written in the last 10 ms or so before its deadline
+/// is now likelier to be read after the copy was made (a duplicate, as the slack already
+/// allowed). And a replay no longer fetches while it applies: the next fetch waits until the
+/// last one's markers are applied. Replaying version 2's batch markers did not measurably
+/// slow down; replaying a million version 1 markers took about 0.2 s longer (1.1–1.4 s
+/// before). Larger fetches (8 MiB) did not make that up, so the fetch size is librdkafka's.
+const MARKERS_BATCHING: (&str, &str) = ("queued.min.messages", "1");
 
 /// The tracker's two threads and the flags that stop them.
 struct Threads {
